@@ -1,0 +1,311 @@
+//! Layered configuration: built-in defaults < config file (TOML) < `HERALD_*` environment
+//! variables < command-line flags.
+//!
+//! Every setting has a default that gives embedded mode: SQLite under the data dir, in-memory
+//! state, nothing else to install. Nested keys use `__` in environment variables:
+//! `HERALD_STORAGE__URL=postgres://…` sets `[storage] url`. Unknown keys are errors, so a
+//! typo never silently falls back to a default.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::SeqConfig;
+use crate::ids::snowflake::MAX_NODE_ID;
+
+/// A configuration that cannot be used, with what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    File { path: PathBuf, source: config::ConfigError },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Everything `herald serve` and `herald migrate` need to know.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address the HTTP and WebSocket server listens on.
+    pub listen: SocketAddr,
+    /// Where embedded mode keeps its SQLite database (and other local state).
+    pub data_dir: PathBuf,
+    /// Folder of `.wasm` plugins to load; defaults to `<data_dir>/plugins`.
+    pub plugins: Option<PathBuf>,
+    /// Dev mode (PROTOCOL.md): loopback only, `dev:<user>` tokens, `dev-key` api key.
+    pub dev: bool,
+    /// This node's id, 0..=1023, unique in a cluster; part of every snowflake id.
+    pub node_id: u32,
+    /// The database.
+    pub storage: StorageConfig,
+    /// The seq allocator.
+    pub seq: SeqConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            data_dir: PathBuf::from("herald-data"),
+            plugins: None,
+            dev: false,
+            node_id: 0,
+            storage: StorageConfig::default(),
+            seq: SeqConfig::default(),
+        }
+    }
+}
+
+/// `[storage]`: which database, and how writes are batched.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// `sqlite://path`, `mysql://…` / `mariadb://…` or `postgres://…`. Unset: SQLite at
+    /// `<data_dir>/herald.db`.
+    pub url: Option<String>,
+    /// Connections in the pool.
+    pub max_connections: u32,
+    /// How long to wait for a connection before failing the call.
+    #[serde(rename = "connect_timeout_ms", with = "millis")]
+    pub connect_timeout: Duration,
+    /// SQLite's `synchronous` pragma: `full` (an OK survives power loss) or `normal`
+    /// (survives a process crash; faster).
+    pub sqlite_synchronous: SqliteSynchronous,
+    /// Group commit of message inserts.
+    pub group_commit: GroupCommitConfig,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            max_connections: 8,
+            connect_timeout: Duration::from_secs(5),
+            sqlite_synchronous: SqliteSynchronous::Full,
+            group_commit: GroupCommitConfig::default(),
+        }
+    }
+}
+
+/// SQLite durability level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteSynchronous {
+    /// fsync the WAL at every commit.
+    Full,
+    /// fsync at checkpoints only.
+    Normal,
+}
+
+/// `[storage.group_commit]`: concurrent inserts share one transaction.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GroupCommitConfig {
+    /// Most rows written by one statement (1..=1000).
+    pub max_batch: usize,
+    /// Batches written at once. Unset: 1 for SQLite (one writer anyway), 2 otherwise.
+    pub writers: Option<usize>,
+    /// Inserts waiting for a batch before callers are slowed down.
+    pub queue: usize,
+}
+
+impl Default for GroupCommitConfig {
+    fn default() -> Self {
+        Self { max_batch: 256, writers: None, queue: 65_536 }
+    }
+}
+
+/// Settings given as command-line flags; they win over everything else.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+    pub plugins: Option<PathBuf>,
+    pub dev: bool,
+}
+
+impl Config {
+    /// Builds the configuration from defaults, `file`, the process environment and `flags`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the file cannot be read or parsed, a key is unknown, or a value
+    /// is out of range.
+    pub fn load(file: Option<&Path>, flags: &Overrides) -> Result<Self, ConfigError> {
+        Self::load_from(file, std::env::vars(), flags)
+    }
+
+    /// [`load`](Self::load) with the environment given explicitly (for tests).
+    ///
+    /// # Errors
+    /// As [`load`](Self::load).
+    pub fn load_from(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &Overrides,
+    ) -> Result<Self, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(path) = file {
+            builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+        }
+        // HERALD_CONFIG names the file and HERALD_TEST_* belong to the test suite; neither is
+        // a setting.
+        let settings: HashMap<String, String> = env
+            .into_iter()
+            .filter(|(key, _)| {
+                key.starts_with("HERALD_") && key != "HERALD_CONFIG" && !key.starts_with("HERALD_TEST_")
+            })
+            .collect();
+        builder = builder.add_source(
+            config::Environment::with_prefix("HERALD")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(settings)),
+        );
+        let layered = builder.build().map_err(|source| match file {
+            Some(path) => ConfigError::File { path: path.to_owned(), source },
+            None => ConfigError::Invalid(source.to_string()),
+        })?;
+        let mut config: Config =
+            layered.try_deserialize().map_err(|error| ConfigError::Invalid(error.to_string()))?;
+
+        if let Some(listen) = flags.listen {
+            config.listen = listen;
+        }
+        if let Some(dir) = &flags.data_dir {
+            config.data_dir.clone_from(dir);
+        }
+        if let Some(dir) = &flags.plugins {
+            config.plugins = Some(dir.clone());
+        }
+        config.dev |= flags.dev;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.node_id > u32::from(MAX_NODE_ID) {
+            return Err(ConfigError::Invalid(format!(
+                "node_id {} is out of range; it must be 0..={MAX_NODE_ID}",
+                self.node_id
+            )));
+        }
+        if self.dev && !self.listen.ip().is_loopback() {
+            return Err(ConfigError::Invalid(format!(
+                "dev mode listens on loopback only, but listen is {}; drop --dev or listen on 127.0.0.1",
+                self.listen
+            )));
+        }
+        let batch = self.storage.group_commit.max_batch;
+        if !(1..=1000).contains(&batch) {
+            return Err(ConfigError::Invalid(format!(
+                "storage.group_commit.max_batch {batch} must be 1..=1000"
+            )));
+        }
+        if self.storage.group_commit.writers == Some(0) || self.storage.group_commit.queue == 0 {
+            return Err(ConfigError::Invalid(
+                "storage.group_commit.writers and .queue must be at least 1".into(),
+            ));
+        }
+        if self.storage.max_connections == 0 {
+            return Err(ConfigError::Invalid("storage.max_connections must be at least 1".into()));
+        }
+        self.seq.validate().map_err(ConfigError::Invalid)
+    }
+
+    /// The database URL, defaulting to SQLite under the data dir.
+    pub fn database_url(&self) -> String {
+        match &self.storage.url {
+            Some(url) => url.clone(),
+            None => format!("sqlite://{}", self.data_dir.join("herald.db").display()),
+        }
+    }
+
+    /// The folder plugins are loaded from.
+    pub fn plugins_dir(&self) -> PathBuf {
+        self.plugins.clone().unwrap_or_else(|| self.data_dir.join("plugins"))
+    }
+}
+
+/// Serde for a `Duration` written as whole milliseconds.
+pub mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes whole milliseconds.
+    ///
+    /// # Errors
+    /// Whatever the serializer reports.
+    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(u64::try_from(value.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// Reads whole milliseconds.
+    ///
+    /// # Errors
+    /// When the value is not a non-negative integer.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        u64::deserialize(deserializer).map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn defaults_give_embedded_mode() {
+        let config = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults load");
+        assert_eq!(config.database_url(), "sqlite://herald-data/herald.db");
+        assert_eq!(config.plugins_dir(), PathBuf::from("herald-data/plugins"));
+        assert!(!config.dev);
+    }
+
+    #[test]
+    fn flags_beat_env_beat_file() {
+        let mut file = tempfile::NamedTempFile::with_suffix(".toml").expect("temp file");
+        writeln!(
+            file,
+            "listen = \"127.0.0.1:9001\"\ndata_dir = \"/from/file\"\nnode_id = 3\n[storage]\nmax_connections = 3\n[seq]\nmin_step = 2"
+        )
+        .expect("write");
+        let vars = env(&[
+            ("HERALD_DATA_DIR", "/from/env"),
+            ("HERALD_STORAGE__MAX_CONNECTIONS", "5"),
+            ("HERALD_CONFIG", "ignored.toml"),
+            ("HERALD_TEST_POSTGRES_URL", "ignored"),
+            ("OTHER", "ignored"),
+        ]);
+        let flags = Overrides { data_dir: Some("/from/flag".into()), ..Overrides::default() };
+        let config = Config::load_from(Some(file.path()), vars, &flags).expect("loads");
+        assert_eq!(config.listen.port(), 9001, "file beats default");
+        assert_eq!(config.node_id, 3);
+        assert_eq!(config.storage.max_connections, 5, "env beats file");
+        assert_eq!(config.seq.min_step, 2);
+        assert_eq!(config.data_dir, PathBuf::from("/from/flag"), "flag beats env");
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_the_key_named() {
+        let error = Config::load_from(None, env(&[("HERALD_NODE_ID", "4096")]), &Overrides::default())
+            .expect_err("node id out of range");
+        assert!(error.to_string().contains("node_id 4096"), "{error}");
+
+        let error = Config::load_from(None, env(&[("HERALD_LISTNE", "x")]), &Overrides::default())
+            .expect_err("unknown key");
+        assert!(error.to_string().contains("listne"), "{error}");
+
+        let flags = Overrides { listen: Some("0.0.0.0:7070".parse().expect("addr")), dev: true, ..Overrides::default() };
+        let error = Config::load_from(None, env(&[]), &flags).expect_err("dev on a public address");
+        assert!(error.to_string().contains("loopback"), "{error}");
+    }
+}

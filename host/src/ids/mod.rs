@@ -1,0 +1,11 @@
+//! Identifiers the owner node hands out: snowflake message ids and per-conversation seqs.
+//!
+//! Both are allocated on the hot path of every send, so both answer from memory: the
+//! snowflake generator from a clock reading and a counter, the seq allocator from a segment
+//! leased ahead of need.
+
+pub mod seq;
+pub mod snowflake;
+
+pub use seq::{LeaseError, SegmentLeaser, SeqAllocator, SeqConfig, SeqRange};
+pub use snowflake::{SnowflakeGenerator, decompose};

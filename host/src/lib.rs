@@ -1,0 +1,13 @@
+//! The Herald server: a WebSocket gateway, the message pipeline, delivery, storage and the
+//! Wasm plugin runtime, in one binary that runs embedded (SQLite + memory) or as a cluster.
+//!
+//! See ARCHITECTURE.md for how the modules fit together; each folder is one part of it.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod clock;
+pub mod config;
+pub mod ids;
+pub mod model;
+pub mod server;
+pub mod store;

@@ -1,0 +1,127 @@
+//! `herald`: the command line. `serve` runs a node, `migrate` brings a database's schema up
+//! to date and exits.
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use herald_host::config::{Config, Overrides};
+use herald_host::server;
+use herald_host::store::Database;
+use tracing_subscriber::EnvFilter;
+
+/// Herald: instant messaging whose policies are sandboxed Wasm plugins.
+#[derive(Parser, Debug)]
+#[command(name = "herald", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a Herald node (embedded mode unless the config names a MySQL/PostgreSQL database).
+    Serve(CommonArgs),
+    /// Apply database migrations and exit (`serve` also applies them on start).
+    Migrate(CommonArgs),
+}
+
+/// Flags shared by every command. Each may also be set in the config file or as a
+/// `HERALD_*` environment variable; flags win.
+#[derive(Args, Debug)]
+struct CommonArgs {
+    /// TOML config file.
+    #[arg(long, env = "HERALD_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:7070].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Where embedded mode keeps its data [default: ./herald-data].
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Folder of .wasm plugins [default: <data-dir>/plugins].
+    #[arg(long, value_name = "DIR")]
+    plugins: Option<PathBuf>,
+    /// Dev mode: loopback only, `dev:<user>` tokens and `dev-key` accepted.
+    #[arg(long)]
+    dev: bool,
+}
+
+impl CommonArgs {
+    fn load(&self) -> anyhow::Result<Config> {
+        let flags = Overrides {
+            listen: self.listen,
+            data_dir: self.data_dir.clone(),
+            plugins: self.plugins.clone(),
+            dev: self.dev,
+        };
+        Ok(Config::load(self.config.as_deref(), &flags)?)
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("herald: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("herald: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve(args) => {
+            let config = args.load()?;
+            let running = server::start(&config).await?;
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            running.shutdown().await;
+            Ok(())
+        }
+        Command::Migrate(args) => {
+            let config = args.load()?;
+            let database = Database::connect(&config.database_url(), &config.storage).await?;
+            let count = database.migrate().await?;
+            eprintln!("herald: schema of {:?} database is up to date ({count} migrations)", database.backend());
+            database.close().await;
+            Ok(())
+        }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => return interrupt.await.unwrap_or(()),
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

@@ -1,0 +1,75 @@
+//! `herald serve`: opens storage (migrating it), starts the writers, and serves HTTP until
+//! told to stop. Shutdown is a token passed down, not a global.
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, ApiState};
+use crate::config::Config;
+use crate::store::{Database, GroupCommitter, StoreError};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+/// A server that is accepting connections.
+pub struct RunningServer {
+    /// The address it listens on (useful with port 0).
+    pub addr: SocketAddr,
+    /// Flip to `true` to start a graceful shutdown.
+    stop: watch::Sender<bool>,
+    task: JoinHandle<std::io::Result<()>>,
+    database: Database,
+    committer: GroupCommitter,
+}
+
+/// Opens storage, migrates it, binds the listener and starts serving.
+///
+/// # Errors
+/// [`ServeError`] when the database cannot be opened or migrated, or the address is taken.
+pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
+    let url = config.database_url();
+    let database = Database::connect(&url, &config.storage).await?;
+    let migrations = database.migrate().await?;
+    tracing::info!(backend = ?database.backend(), migrations, "storage ready");
+    let committer = GroupCommitter::start(database.clone(), &config.storage.group_commit);
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let app = api::router(ApiState { database: database.clone() });
+    let (stop, mut stopped) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            })
+            .await
+    });
+    tracing::info!(%addr, dev = config.dev, "herald is serving");
+    Ok(RunningServer { addr, stop, task, database, committer })
+}
+
+impl RunningServer {
+    /// Stops accepting, lets requests in flight finish, flushes queued writes and closes
+    /// the database.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        match self.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::error!(%error, "server stopped with an error"),
+            Err(error) => tracing::error!(%error, "server task failed"),
+        }
+        self.committer.close().await;
+        self.database.close().await;
+    }
+}

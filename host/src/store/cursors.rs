@@ -1,0 +1,64 @@
+//! Device cursors: how far each device has acknowledged each conversation.
+//!
+//! A cursor only moves forward: writing an older seq than the stored one changes nothing, so
+//! acks that arrive out of order (or are replayed) are harmless. Writes come in batches —
+//! the delivery layer coalesces acks and flushes them together, never one transaction per ack.
+
+use std::collections::HashMap;
+
+use sqlx::QueryBuilder;
+
+use super::{Database, StoreError, on_backend, signed, unsigned};
+use crate::model::{ConversationId, DeviceId, UserId};
+
+/// "This device has every message of the conversation up to `seq`."
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CursorUpdate {
+    pub user: UserId,
+    pub device: DeviceId,
+    pub conversation: ConversationId,
+    pub seq: u64,
+}
+
+impl Database {
+    /// Moves each cursor forward to its seq (never back), all in one statement.
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when the write fails; no cursor moved.
+    pub async fn advance_cursors(&self, updates: &[CursorUpdate]) -> Result<(), StoreError> {
+        // One row per key (the highest seq), since a statement may not touch a row twice.
+        let mut highest: HashMap<(&str, &str, &str), u64> = HashMap::with_capacity(updates.len());
+        for u in updates {
+            let seq = highest.entry((u.user.as_str(), u.device.as_str(), u.conversation.as_str())).or_default();
+            *seq = (*seq).max(u.seq);
+        }
+        if highest.is_empty() {
+            return Ok(());
+        }
+        on_backend!(self, |pool, sql| {
+            let mut upsert =
+                QueryBuilder::new("INSERT INTO device_cursors (user_id, device_id, conversation, seq) ");
+            upsert.push_values(&highest, |mut row, ((user, device, conversation), seq)| {
+                row.push_bind(*user).push_bind(*device).push_bind(*conversation).push_bind(signed(*seq));
+            });
+            upsert.push(sql.upsert_cursors_tail);
+            upsert.build().execute(pool).await?;
+        });
+        Ok(())
+    }
+
+    /// Every cursor of one device, by conversation.
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when the query fails.
+    pub async fn cursors(&self, user: &UserId, device: &DeviceId) -> Result<Vec<(String, u64)>, StoreError> {
+        let rows: Vec<(String, i64)> = on_backend!(self, |pool, sql| {
+            sqlx::query_as(sql.cursors_of_device)
+                .bind(user.as_str())
+                .bind(device.as_str())
+                .fetch_all(pool)
+                .await?
+        });
+        rows.into_iter().map(|(conversation, seq)| Ok((conversation, unsigned(seq, "seq")?))).collect()
+    }
+}

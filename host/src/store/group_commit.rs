@@ -1,0 +1,100 @@
+//! Group commit: concurrent message inserts share one statement and one transaction.
+//!
+//! Callers hand a message to [`GroupCommitter::insert`] and wait; writer tasks take whatever
+//! is queued (up to `max_batch` rows), write it in one statement, and tell each caller its
+//! own outcome. Under load a commit carries hundreds of rows, so the cost of a durable commit
+//! (an fsync) is shared; when idle a lone insert goes out at once, with no timer to wait on.
+//!
+//! A caller learns `Inserted::New` only after the transaction holding its row has committed:
+//! that is what lets the pipeline's `SendAck OK` mean "durable".
+
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use super::{Backend, Database, Inserted, NewMessage, StoreError};
+use crate::config::GroupCommitConfig;
+
+/// One insert waiting for its batch.
+struct Pending {
+    message: NewMessage,
+    done: oneshot::Sender<Result<Inserted, StoreError>>,
+}
+
+/// The front door to batched message inserts. Dropping every clone lets the writers drain
+/// what is queued and stop; [`close`](Self::close) waits for that.
+#[derive(Clone)]
+pub struct GroupCommitter {
+    /// Where inserts queue for the writers.
+    queue: mpsc::Sender<Pending>,
+    /// The writer tasks, joined on close.
+    writers: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl GroupCommitter {
+    /// Starts the writer tasks on the current tokio runtime.
+    pub fn start(database: Database, config: &GroupCommitConfig) -> Self {
+        let (queue, receiver) = mpsc::channel(config.queue);
+        let receiver = Arc::new(Mutex::new(receiver));
+        let writers = config.writers.unwrap_or(match database.backend() {
+            // SQLite has one writer at a time anyway; a second would only wait on its lock.
+            Backend::Sqlite => 1,
+            Backend::MySql | Backend::Postgres => 2,
+        });
+        let handles = (0..writers)
+            .map(|_| {
+                tokio::spawn(write_batches(database.clone(), Arc::clone(&receiver), config.max_batch))
+            })
+            .collect();
+        Self { queue, writers: Arc::new(std::sync::Mutex::new(handles)) }
+    }
+
+    /// Stores `message` in the next batch and returns once that batch is committed.
+    ///
+    /// # Errors
+    /// [`StoreError::Closed`] when the writers have stopped; otherwise what the database
+    /// said about this row (see [`Database::insert_messages`]).
+    pub async fn insert(&self, message: NewMessage) -> Result<Inserted, StoreError> {
+        let (done, outcome) = oneshot::channel();
+        self.queue.send(Pending { message, done }).await.map_err(|_| StoreError::Closed)?;
+        outcome.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Stops accepting inserts from this handle and waits until every queued insert has
+    /// been written, provided no other clone is still sending.
+    pub async fn close(self) {
+        let handles = std::mem::take(&mut *self.writers.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(self);
+        for handle in handles {
+            if let Err(error) = handle.await {
+                tracing::error!(%error, "group-commit writer failed");
+            }
+        }
+    }
+}
+
+/// One writer: take what is queued, write it in one statement, report, repeat.
+async fn write_batches(
+    database: Database,
+    receiver: Arc<Mutex<mpsc::Receiver<Pending>>>,
+    max_batch: usize,
+) {
+    let mut batch = Vec::with_capacity(max_batch);
+    loop {
+        // While this writer holds the receiver, the other writers are writing their batches;
+        // whatever arrives meanwhile is gathered into the next one.
+        let received = receiver.lock().await.recv_many(&mut batch, max_batch).await;
+        if received == 0 {
+            return; // every sender is gone and the queue is drained
+        }
+        let (messages, waiters): (Vec<NewMessage>, Vec<_>) =
+            batch.drain(..).map(|pending| (pending.message, pending.done)).unzip();
+        metrics::histogram!("herald_store_batch_rows").record(messages.len() as f64);
+        let results = database.insert_messages(&messages).await;
+        for (waiter, result) in waiters.into_iter().zip(results) {
+            // A caller that gave up waiting does not undo the write.
+            let _ = waiter.send(result);
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Durable storage: messages, seq segments, device cursors, groups and routes.
+//!
+//! One [`Database`] serves all three backends — SQLite (embedded mode), MySQL/MariaDB and
+//! PostgreSQL (cluster mode) — from the same logical schema (`migrations/<backend>`). Rust
+//! code is shared; only SQL text differs, kept as `&'static str` per dialect in
+//! [`sqlite`], [`mysql`] and [`postgres`]. The [`on_backend!`] macro runs one body of code
+//! against whichever pool is configured, with that dialect's statements.
+//!
+//! Nothing here knows about WebSockets or the wire protocol.
+
+pub mod cursors;
+pub mod group_commit;
+pub mod groups;
+pub mod messages;
+pub mod mysql;
+pub mod postgres;
+pub mod routes;
+pub mod seq_lease;
+pub mod sqlite;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use crate::config::{self, StorageConfig};
+
+pub use group_commit::GroupCommitter;
+pub use messages::{Inserted, NewMessage, StoredMessage};
+
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
+static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/mysql");
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// What went wrong in storage, worded for the operator; each maps to one client outcome
+/// (a transient error becomes `RETRY`).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("unsupported database url {0:?}: use sqlite://, mysql://, mariadb:// or postgres://")]
+    UnsupportedUrl(String),
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir { path: String, source: std::io::Error },
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("applying migrations failed: {0}")]
+    Migrate(#[from] MigrateError),
+    #[error(
+        "message {id} was not stored: its (conversation, seq) or id is taken by another message"
+    )]
+    Conflict { id: u64 },
+    #[error("group {0} already exists")]
+    GroupExists(String),
+    #[error("there is no group {0}")]
+    NoSuchGroup(String),
+    #[error("stored data is not valid: {0}")]
+    Corrupt(String),
+    #[error("the group-commit writer has stopped; the server is shutting down")]
+    Closed,
+}
+
+/// Which SQL dialect a [`Database`] speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    MySql,
+    Postgres,
+}
+
+impl Backend {
+    /// The backend a URL names, by its scheme.
+    ///
+    /// # Errors
+    /// [`StoreError::UnsupportedUrl`] for any other scheme.
+    pub fn of_url(url: &str) -> Result<Self, StoreError> {
+        let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+        match scheme {
+            "sqlite" => Ok(Self::Sqlite),
+            "mysql" | "mariadb" => Ok(Self::MySql),
+            "postgres" | "postgresql" => Ok(Self::Postgres),
+            _ => Err(StoreError::UnsupportedUrl(url.to_owned())),
+        }
+    }
+}
+
+/// The SQL statements that differ between dialects. Statements common to all three live
+/// beside the code that runs them.
+#[derive(Debug)]
+pub struct Sql {
+    /// Multi-row message insert, up to `VALUES` (rows are pushed by a query builder).
+    pub insert_messages: &'static str,
+    /// What follows the rows: skip conflicting rows (and return the ids inserted, if
+    /// `insert_returns_ids`).
+    pub insert_messages_tail: &'static str,
+    /// Whether `insert_messages_tail` returns the inserted ids (`RETURNING id`).
+    pub insert_returns_ids: bool,
+    /// One message by (sender, client_msg_id).
+    pub message_by_client_id: &'static str,
+    /// Messages after a seq, ascending.
+    pub messages_after: &'static str,
+    /// Messages before a seq, descending (callers reverse).
+    pub messages_before: &'static str,
+    /// The highest stored seq of a conversation.
+    pub latest_seq: &'static str,
+    /// Moves `max_seq` up by a step; returns the new `max_seq` unless `lease_select` is set.
+    pub lease_upsert: &'static str,
+    /// Reads the new `max_seq` in the same transaction, for dialects without `RETURNING`.
+    pub lease_select: Option<&'static str>,
+    /// Multi-row cursor upsert tail: keeps the larger seq.
+    pub upsert_cursors_tail: &'static str,
+    /// Cursors of one device.
+    pub cursors_of_device: &'static str,
+    pub insert_group: &'static str,
+    pub delete_group: &'static str,
+    /// Adds a member unless present.
+    pub add_member: &'static str,
+    pub remove_member: &'static str,
+    pub group_exists: &'static str,
+    pub group_members: &'static str,
+    pub is_member: &'static str,
+    pub groups_of_user: &'static str,
+    pub upsert_route: &'static str,
+    pub remove_route: &'static str,
+    pub routes_of_user: &'static str,
+    pub drop_node_routes: &'static str,
+}
+
+/// A pool of the configured backend.
+#[derive(Clone, Debug)]
+pub enum Pool {
+    Sqlite(SqlitePool),
+    MySql(MySqlPool),
+    Postgres(PgPool),
+}
+
+/// Runs `$body` against the configured pool, with `$pool` bound to it and `$sql` to that
+/// dialect's [`Sql`]. The body is compiled once per backend, so it may use each driver's
+/// concrete types.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! on_backend {
+    ($db:expr, |$pool:ident, $sql:ident| $body:expr) => {
+        match &$db.pool {
+            $crate::store::Pool::Sqlite($pool) => {
+                let $sql = &$crate::store::sqlite::SQL;
+                $body
+            }
+            $crate::store::Pool::MySql($pool) => {
+                let $sql = &$crate::store::mysql::SQL;
+                $body
+            }
+            $crate::store::Pool::Postgres($pool) => {
+                let $sql = &$crate::store::postgres::SQL;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use on_backend;
+
+/// Handle to the database: cheap to clone, shared by every repository.
+#[derive(Clone, Debug)]
+pub struct Database {
+    /// The connection pool of whichever backend the URL named.
+    pub pool: Pool,
+}
+
+impl Database {
+    /// Opens a pool for `url` (creating the SQLite file and its folder if needed). Does not
+    /// migrate; call [`migrate`](Self::migrate).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the URL is not understood or the database cannot be reached.
+    pub async fn connect(url: &str, config: &StorageConfig) -> Result<Self, StoreError> {
+        let pool = match Backend::of_url(url)? {
+            Backend::Sqlite => {
+                let options = SqliteConnectOptions::from_str(url)?
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(match config.sqlite_synchronous {
+                        config::SqliteSynchronous::Full => SqliteSynchronous::Full,
+                        config::SqliteSynchronous::Normal => SqliteSynchronous::Normal,
+                    })
+                    .busy_timeout(Duration::from_secs(10))
+                    .foreign_keys(true);
+                if let Some(parent) = options.get_filename().parent() {
+                    if !parent.as_os_str().is_empty() {
+                        std::fs::create_dir_all(parent).map_err(|source| StoreError::DataDir {
+                            path: parent.display().to_string(),
+                            source,
+                        })?;
+                    }
+                }
+                Pool::Sqlite(
+                    SqlitePoolOptions::new()
+                        .max_connections(config.max_connections)
+                        .acquire_timeout(config.connect_timeout)
+                        .connect_with(options)
+                        .await?,
+                )
+            }
+            Backend::MySql => {
+                let url = url.replacen("mariadb://", "mysql://", 1);
+                let options = MySqlConnectOptions::from_str(&url)?;
+                Pool::MySql(
+                    MySqlPoolOptions::new()
+                        .max_connections(config.max_connections)
+                        .acquire_timeout(config.connect_timeout)
+                        .connect_with(options)
+                        .await?,
+                )
+            }
+            Backend::Postgres => {
+                let options = PgConnectOptions::from_str(url)?;
+                Pool::Postgres(
+                    PgPoolOptions::new()
+                        .max_connections(config.max_connections)
+                        .acquire_timeout(config.connect_timeout)
+                        .connect_with(options)
+                        .await?,
+                )
+            }
+        };
+        Ok(Self { pool })
+    }
+
+    /// Which backend this is.
+    pub fn backend(&self) -> Backend {
+        match self.pool {
+            Pool::Sqlite(_) => Backend::Sqlite,
+            Pool::MySql(_) => Backend::MySql,
+            Pool::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Applies the migrations this database lacks; a no-op when it is up to date. Returns
+    /// the number of migrations the schema is made of.
+    ///
+    /// # Errors
+    /// [`StoreError::Migrate`] when a migration fails or the database has migrations this
+    /// binary does not know (a newer Herald ran against it).
+    pub async fn migrate(&self) -> Result<usize, StoreError> {
+        match &self.pool {
+            Pool::Sqlite(pool) => SQLITE_MIGRATIONS.run(pool).await?,
+            Pool::MySql(pool) => MYSQL_MIGRATIONS.run(pool).await?,
+            Pool::Postgres(pool) => POSTGRES_MIGRATIONS.run(pool).await?,
+        }
+        Ok(match self.pool {
+            Pool::Sqlite(_) => SQLITE_MIGRATIONS.iter().count(),
+            Pool::MySql(_) => MYSQL_MIGRATIONS.iter().count(),
+            Pool::Postgres(_) => POSTGRES_MIGRATIONS.iter().count(),
+        })
+    }
+
+    /// Whether the database answers a trivial query (for `/readyz`).
+    pub async fn ping(&self) -> bool {
+        on_backend!(self, |pool, _sql| sqlx::query("SELECT 1").execute(pool).await.is_ok())
+    }
+
+    /// Closes every connection, waiting for those in use.
+    pub async fn close(&self) {
+        on_backend!(self, |pool, _sql| pool.close().await)
+    }
+}
+
+/// Converts a stored signed BIGINT back to the unsigned value Herald wrote.
+pub(crate) fn unsigned(value: i64, column: &str) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{column} is negative: {value}")))
+}
+
+/// Converts an unsigned value to the signed BIGINT every backend stores. Snowflake ids,
+/// seqs and timestamps stay below 2^63, so this only saturates on nonsense input.
+pub(crate) fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}

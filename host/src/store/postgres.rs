@@ -1,0 +1,31 @@
+//! PostgreSQL's statements (cluster mode). Placeholders are `$n`; `RETURNING` and
+//! `ON CONFLICT` are available.
+
+use super::Sql;
+
+/// The PostgreSQL dialect.
+pub const SQL: Sql = Sql {
+    insert_messages: "INSERT INTO messages (id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms) ",
+    insert_messages_tail: " ON CONFLICT DO NOTHING RETURNING id",
+    insert_returns_ids: true,
+    message_by_client_id: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE sender = $1 AND client_msg_id = $2",
+    messages_after: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = $1 AND seq > $2 ORDER BY seq ASC LIMIT $3",
+    messages_before: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
+    latest_seq: "SELECT MAX(seq) FROM messages WHERE conversation = $1",
+    lease_upsert: "INSERT INTO session_seq (conversation, max_seq) VALUES ($1, $2) ON CONFLICT (conversation) DO UPDATE SET max_seq = session_seq.max_seq + EXCLUDED.max_seq RETURNING max_seq",
+    lease_select: None,
+    upsert_cursors_tail: " ON CONFLICT (user_id, device_id, conversation) DO UPDATE SET seq = GREATEST(device_cursors.seq, EXCLUDED.seq)",
+    cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = $1 AND device_id = $2 ORDER BY conversation",
+    insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES ($1, $2)",
+    delete_group: "DELETE FROM chat_groups WHERE id = $1",
+    add_member: "INSERT INTO group_members (group_id, user_id, joined_at_ms) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+    remove_member: "DELETE FROM group_members WHERE group_id = $1 AND user_id = $2",
+    group_exists: "SELECT COUNT(*) FROM chat_groups WHERE id = $1",
+    group_members: "SELECT user_id FROM group_members WHERE group_id = $1 ORDER BY user_id",
+    is_member: "SELECT COUNT(*) FROM group_members WHERE group_id = $1 AND user_id = $2",
+    groups_of_user: "SELECT group_id FROM group_members WHERE user_id = $1 ORDER BY group_id",
+    upsert_route: "INSERT INTO route_info (user_id, device_id, node_id, connection_id, connected_at_ms) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (user_id, device_id) DO UPDATE SET node_id = EXCLUDED.node_id, connection_id = EXCLUDED.connection_id, connected_at_ms = EXCLUDED.connected_at_ms",
+    remove_route: "DELETE FROM route_info WHERE user_id = $1 AND device_id = $2 AND connection_id = $3",
+    routes_of_user: "SELECT user_id, device_id, node_id, connection_id, connected_at_ms FROM route_info WHERE user_id = $1 ORDER BY device_id",
+    drop_node_routes: "DELETE FROM route_info WHERE node_id = $1",
+};

@@ -1,0 +1,31 @@
+//! SQLite's statements (embedded mode). Placeholders are `?`; `RETURNING` and
+//! `ON CONFLICT` are available (SQLite ≥ 3.35).
+
+use super::Sql;
+
+/// The SQLite dialect.
+pub const SQL: Sql = Sql {
+    insert_messages: "INSERT INTO messages (id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms) ",
+    insert_messages_tail: " ON CONFLICT DO NOTHING RETURNING id",
+    insert_returns_ids: true,
+    message_by_client_id: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE sender = ? AND client_msg_id = ?",
+    messages_after: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = ? AND seq > ? ORDER BY seq ASC LIMIT ?",
+    messages_before: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+    latest_seq: "SELECT MAX(seq) FROM messages WHERE conversation = ?",
+    lease_upsert: "INSERT INTO session_seq (conversation, max_seq) VALUES (?, ?) ON CONFLICT (conversation) DO UPDATE SET max_seq = session_seq.max_seq + excluded.max_seq RETURNING max_seq",
+    lease_select: None,
+    upsert_cursors_tail: " ON CONFLICT (user_id, device_id, conversation) DO UPDATE SET seq = MAX(device_cursors.seq, excluded.seq)",
+    cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = ? AND device_id = ? ORDER BY conversation",
+    insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES (?, ?)",
+    delete_group: "DELETE FROM chat_groups WHERE id = ?",
+    add_member: "INSERT INTO group_members (group_id, user_id, joined_at_ms) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+    remove_member: "DELETE FROM group_members WHERE group_id = ? AND user_id = ?",
+    group_exists: "SELECT COUNT(*) FROM chat_groups WHERE id = ?",
+    group_members: "SELECT user_id FROM group_members WHERE group_id = ? ORDER BY user_id",
+    is_member: "SELECT COUNT(*) FROM group_members WHERE group_id = ? AND user_id = ?",
+    groups_of_user: "SELECT group_id FROM group_members WHERE user_id = ? ORDER BY group_id",
+    upsert_route: "INSERT INTO route_info (user_id, device_id, node_id, connection_id, connected_at_ms) VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, device_id) DO UPDATE SET node_id = excluded.node_id, connection_id = excluded.connection_id, connected_at_ms = excluded.connected_at_ms",
+    remove_route: "DELETE FROM route_info WHERE user_id = ? AND device_id = ? AND connection_id = ?",
+    routes_of_user: "SELECT user_id, device_id, node_id, connection_id, connected_at_ms FROM route_info WHERE user_id = ? ORDER BY device_id",
+    drop_node_routes: "DELETE FROM route_info WHERE node_id = ?",
+};

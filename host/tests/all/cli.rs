@@ -1,0 +1,95 @@
+//! The `herald` binary as a user runs it: `migrate`, `serve` with `/healthz`, and clear
+//! errors for bad configuration.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn herald() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+    command.env_remove("HERALD_CONFIG").env("RUST_LOG", "warn");
+    command
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn migrate_creates_the_embedded_database() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("nested/data");
+    let output = herald().args(["migrate", "--data-dir"]).arg(&data).output().expect("run herald");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(data.join("herald.db").exists());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("up to date"));
+    // Again: a no-op.
+    let again = herald().args(["migrate", "--data-dir"]).arg(&data).output().expect("run herald");
+    assert!(again.status.success());
+}
+
+#[test]
+fn serve_answers_healthz_and_readyz() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let child = herald()
+        .args(["serve", "--dev", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start herald");
+    let _server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let health = loop {
+        if let Some(response) = http_get(port, "/healthz") {
+            break response;
+        }
+        assert!(Instant::now() < deadline, "herald did not start listening");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let ready = http_get(port, "/readyz").expect("readyz");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let missing = http_get(port, "/nope").expect("404");
+    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+    assert!(missing.contains(r#"{"error":{"code":"not_found""#), "{missing}");
+}
+
+#[test]
+fn bad_configuration_is_refused_with_a_clear_message() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("herald.toml");
+    std::fs::write(&config, "node_id = 5000\n").expect("write config");
+    let output = herald().args(["serve", "--config"]).arg(&config).output().expect("run herald");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("node_id 5000 is out of range"), "{stderr}");
+
+    let output = herald()
+        .args(["migrate", "--data-dir"])
+        .arg(dir.path())
+        .env("HERALD_STORAGE__URL", "redis://127.0.0.1/")
+        .output()
+        .expect("run herald");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unsupported database url"));
+}

@@ -1,0 +1,8 @@
+//! Herald's integration tests, in one binary to save link time. Storage tests run against
+//! every backend for real: a temporary SQLite file, and fresh databases on the machine's
+//! MariaDB and PostgreSQL (see `support`).
+
+mod allocator;
+mod cli;
+mod storage;
+mod support;

@@ -1,0 +1,206 @@
+//! Storage on every backend: migrations, message inserts (dedup, conflicts, group commit),
+//! reads by seq, cursors, groups and routes.
+
+
+use herald_host::config::GroupCommitConfig;
+use herald_host::model::{ClientMsgId, ConversationId, DeviceId, GroupId, UserId};
+use herald_host::store::cursors::CursorUpdate;
+use herald_host::store::{Backend, GroupCommitter, Inserted, NewMessage, StoreError};
+
+use crate::on_every_backend;
+use crate::support::TestDb;
+
+on_every_backend!(
+    migrations_apply_on_empty_database_and_again_as_noop,
+    second_insert_of_same_client_msg_id_returns_original_ids,
+    concurrent_duplicates_through_group_commit_store_one_row,
+    seq_conflict_fails_only_its_own_row,
+    messages_read_back_in_seq_order,
+    cursors_only_move_forward,
+    groups_and_members,
+    routes_replace_and_remove_by_connection,
+);
+
+fn client_msg_id(n: u32) -> ClientMsgId {
+    ClientMsgId::parse(&format!("00000000-0000-4000-8000-{n:012x}")).expect("valid uuid")
+}
+
+fn message(id: u64, conversation: &str, seq: u64, sender: &str, n: u32) -> NewMessage {
+    NewMessage {
+        id,
+        conversation: ConversationId::parse(conversation).expect("valid conversation"),
+        seq,
+        sender: UserId::parse(sender).expect("valid user"),
+        sender_device: DeviceId::parse("phone").expect("valid device"),
+        client_msg_id: client_msg_id(n),
+        kind: 7,
+        body: format!("body {n} \u{1F600}").into_bytes(),
+        sent_at_ms: 1_780_000_000_000 + u64::from(n),
+    }
+}
+
+async fn migrated(backend: Backend) -> TestDb {
+    let db = TestDb::new(backend).await;
+    db.database.migrate().await.expect("migrations apply");
+    db
+}
+
+async fn migrations_apply_on_empty_database_and_again_as_noop(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let applied = db.database.migrate().await.expect("first run applies");
+    assert!(applied >= 1);
+    // Something stored survives a second run, which must change nothing.
+    let stored = db.database.insert_messages(&[message(10, "dm:a:b", 1, "a", 1)]).await;
+    assert!(matches!(stored[0], Ok(Inserted::New { .. })));
+    assert_eq!(db.database.migrate().await.expect("second run is a no-op"), applied);
+    let after = db.database.messages_after(&ConversationId::parse("dm:a:b").expect("valid"), 0, 10).await;
+    assert_eq!(after.expect("read").len(), 1);
+    db.drop_database().await;
+}
+
+async fn second_insert_of_same_client_msg_id_returns_original_ids(backend: Backend) {
+    let db = migrated(backend).await;
+    let first = db.database.insert_messages(&[message(100, "dm:alice:bob", 1, "alice", 1)]).await;
+    assert_eq!(first[0].as_ref().expect("stored"), &Inserted::New { id: 100, seq: 1 });
+
+    // A retry arrives with fresh ids (as if the dedup mark had expired): nothing is stored,
+    // and the answer names the original.
+    let retry = db.database.insert_messages(&[message(200, "dm:alice:bob", 2, "alice", 1)]).await;
+    assert_eq!(
+        retry[0].as_ref().expect("answered"),
+        &Inserted::Duplicate { id: 100, seq: 1, conversation: "dm:alice:bob".into() }
+    );
+    // The same client_msg_id from another sender is a different message.
+    let other = db.database.insert_messages(&[message(300, "dm:alice:bob", 3, "bob", 1)]).await;
+    assert_eq!(other[0].as_ref().expect("stored"), &Inserted::New { id: 300, seq: 3 });
+
+    let stored = db.database.messages_after(&ConversationId::parse("dm:alice:bob").expect("valid"), 0, 100).await.expect("read");
+    assert_eq!(stored.iter().map(|m| m.id).collect::<Vec<_>>(), vec![100, 300]);
+    db.drop_database().await;
+}
+
+async fn concurrent_duplicates_through_group_commit_store_one_row(backend: Backend) {
+    let db = migrated(backend).await;
+    let committer = GroupCommitter::start(db.database.clone(), &GroupCommitConfig::default());
+    let tasks: Vec<_> = (0..50u64)
+        .map(|i| {
+            let committer = committer.clone();
+            // Same (sender, client_msg_id), different ids and seqs: one may win.
+            tokio::spawn(async move { committer.insert(message(1000 + i, "grp:g1", 1 + i, "carol", 9)).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("task").expect("insert answered"));
+    }
+    let winners: Vec<_> = outcomes.iter().filter(|o| matches!(o, Inserted::New { .. })).collect();
+    assert_eq!(winners.len(), 1, "exactly one insert stores the message: {outcomes:?}");
+    let Inserted::New { id, seq } = winners[0] else { unreachable!() };
+    for outcome in &outcomes {
+        match outcome {
+            Inserted::New { .. } => {}
+            Inserted::Duplicate { id: dup_id, seq: dup_seq, .. } => assert_eq!((dup_id, dup_seq), (id, seq)),
+        }
+    }
+    let stored = db.database.messages_after(&ConversationId::parse("grp:g1").expect("valid"), 0, 100).await.expect("read");
+    assert_eq!(stored.len(), 1);
+    committer.close().await;
+    db.drop_database().await;
+}
+
+async fn seq_conflict_fails_only_its_own_row(backend: Backend) {
+    let db = migrated(backend).await;
+    db.database.insert_messages(&[message(1, "room:r", 5, "dave", 1)]).await[0].as_ref().expect("stored");
+    // Row 2 reuses (room:r, 5) with a new client_msg_id: a reissued seq, which must never be
+    // stored, and must not take the batch's other rows down with it.
+    let batch = [message(2, "room:r", 5, "dave", 2), message(3, "room:r", 6, "dave", 3), message(4, "room:r", 7, "erin", 4)];
+    let results = db.database.insert_messages(&batch).await;
+    assert!(matches!(results[0], Err(StoreError::Conflict { id: 2 })), "{:?}", results[0]);
+    assert_eq!(results[1].as_ref().expect("stored"), &Inserted::New { id: 3, seq: 6 });
+    assert_eq!(results[2].as_ref().expect("stored"), &Inserted::New { id: 4, seq: 7 });
+    db.drop_database().await;
+}
+
+async fn messages_read_back_in_seq_order(backend: Backend) {
+    let db = migrated(backend).await;
+    let conversation = ConversationId::parse("dm:x:y").expect("valid");
+    let batch: Vec<_> = [9u64, 3, 7, 1, 5].iter().map(|&seq| message(100 + seq, "dm:x:y", seq, "x", seq as u32)).collect();
+    for result in db.database.insert_messages(&batch).await {
+        result.expect("stored");
+    }
+    let seqs = |ms: Vec<herald_host::store::StoredMessage>| ms.iter().map(|m| m.seq).collect::<Vec<_>>();
+    assert_eq!(seqs(db.database.messages_after(&conversation, 3, 10).await.expect("read")), vec![5, 7, 9]);
+    assert_eq!(seqs(db.database.messages_after(&conversation, 0, 2).await.expect("read")), vec![1, 3]);
+    assert_eq!(seqs(db.database.messages_before(&conversation, 0, 2).await.expect("read")), vec![7, 9]);
+    assert_eq!(seqs(db.database.messages_before(&conversation, 7, 10).await.expect("read")), vec![1, 3, 5]);
+    assert_eq!(db.database.latest_seq(&conversation).await.expect("read"), 9);
+    assert_eq!(db.database.latest_seq(&ConversationId::parse("dm:x:z").expect("valid")).await.expect("read"), 0);
+
+    let original = &batch[0];
+    let read = db.database.messages_after(&conversation, 8, 1).await.expect("read").remove(0);
+    assert_eq!((read.id, read.kind, &read.body, read.sent_at_ms), (original.id, 7, &original.body, original.sent_at_ms));
+    assert_eq!((read.sender.as_str(), read.sender_device.as_str(), read.client_msg_id.as_str()), ("x", "phone", original.client_msg_id.as_str()));
+    db.drop_database().await;
+}
+
+async fn cursors_only_move_forward(backend: Backend) {
+    let db = migrated(backend).await;
+    let user = UserId::parse("u1").expect("valid");
+    let device = DeviceId::parse("d1").expect("valid");
+    let update = |conversation: &str, seq| CursorUpdate {
+        user: user.clone(),
+        device: device.clone(),
+        conversation: ConversationId::parse(conversation).expect("valid"),
+        seq,
+    };
+    // One batch, with two acks of the same conversation: the higher wins.
+    db.database.advance_cursors(&[update("dm:u1:u2", 4), update("dm:u1:u2", 9), update("grp:g", 2)]).await.expect("write");
+    db.database.advance_cursors(&[update("dm:u1:u2", 3), update("grp:g", 5)]).await.expect("write");
+    let cursors = db.database.cursors(&user, &device).await.expect("read");
+    assert_eq!(cursors, vec![("dm:u1:u2".to_owned(), 9), ("grp:g".to_owned(), 5)]);
+    db.database.advance_cursors(&[]).await.expect("empty batch is fine");
+    db.drop_database().await;
+}
+
+async fn groups_and_members(backend: Backend) {
+    let db = migrated(backend).await;
+    let group = GroupId::parse("team").expect("valid");
+    let user = |name: &str| UserId::parse(name).expect("valid");
+    db.database.create_group(&group, &[user("bo"), user("al")], 1).await.expect("created");
+    assert!(matches!(db.database.create_group(&group, &[], 2).await, Err(StoreError::GroupExists(_))));
+    db.database.add_member(&group, &user("cy"), 3).await.expect("added");
+    db.database.add_member(&group, &user("cy"), 4).await.expect("adding twice is fine");
+    assert_eq!(db.database.group_members(&group).await.expect("read"), Some(vec!["al".into(), "bo".into(), "cy".into()]));
+    assert!(db.database.is_member(&group, &user("al")).await.expect("read"));
+    assert!(db.database.remove_member(&group, &user("al")).await.expect("removed"));
+    assert!(!db.database.remove_member(&group, &user("al")).await.expect("already gone"));
+    assert!(!db.database.is_member(&group, &user("al")).await.expect("read"));
+    assert_eq!(db.database.groups_of(&user("cy")).await.expect("read"), vec!["team".to_owned()]);
+
+    let missing = GroupId::parse("nope").expect("valid");
+    assert!(matches!(db.database.add_member(&missing, &user("al"), 5).await, Err(StoreError::NoSuchGroup(_))));
+    assert_eq!(db.database.group_members(&missing).await.expect("read"), None);
+    assert!(db.database.delete_group(&group).await.expect("deleted"));
+    assert_eq!(db.database.groups_of(&user("cy")).await.expect("read"), Vec::<String>::new());
+    db.drop_database().await;
+}
+
+async fn routes_replace_and_remove_by_connection(backend: Backend) {
+    let db = migrated(backend).await;
+    let user = UserId::parse("ann").expect("valid");
+    let phone = DeviceId::parse("phone").expect("valid");
+    let laptop = DeviceId::parse("laptop").expect("valid");
+    db.database.upsert_route(&user, &phone, 1, "c-1", 10).await.expect("write");
+    db.database.upsert_route(&user, &laptop, 2, "c-2", 11).await.expect("write");
+    // The phone reconnects through node 3: its old connection's late disconnect must not
+    // remove the new route.
+    db.database.upsert_route(&user, &phone, 3, "c-3", 12).await.expect("write");
+    assert!(!db.database.remove_route(&user, &phone, "c-1").await.expect("write"));
+    let routes = db.database.routes_of(&user).await.expect("read");
+    assert_eq!(routes.iter().map(|r| (r.device.as_str(), r.node_id, r.connection_id.as_str())).collect::<Vec<_>>(),
+        vec![("laptop", 2, "c-2"), ("phone", 3, "c-3")]);
+    assert_eq!(db.database.drop_node_routes(2).await.expect("write"), 1);
+    assert!(db.database.remove_route(&user, &phone, "c-3").await.expect("write"));
+    assert!(db.database.routes_of(&user).await.expect("read").is_empty());
+    db.drop_database().await;
+}
