@@ -65,7 +65,7 @@ impl ManualClock {
 
 impl WallClock for ManualClock {
     fn now_ms(&self) -> u64 {
-        if self.tick_every > 0 && self.reads.fetch_add(1, Ordering::Relaxed) % self.tick_every == 0 {
+        if self.tick_every > 0 && self.reads.fetch_add(1, Ordering::Relaxed).is_multiple_of(self.tick_every) {
             return self.now_ms.fetch_add(1, Ordering::SeqCst) + 1;
         }
         self.now_ms.load(Ordering::SeqCst)

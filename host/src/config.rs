@@ -74,6 +74,10 @@ pub struct StorageConfig {
     /// SQLite's `synchronous` pragma: `full` (an OK survives power loss) or `normal`
     /// (survives a process crash; faster).
     pub sqlite_synchronous: SqliteSynchronous,
+    /// SQLite page cache per connection, in MiB.
+    pub sqlite_cache_mib: u32,
+    /// SQLite checkpoints the WAL into the database once it holds this many pages (4 KiB).
+    pub sqlite_wal_autocheckpoint_pages: u32,
     /// Group commit of message inserts.
     pub group_commit: GroupCommitConfig,
 }
@@ -85,6 +89,8 @@ impl Default for StorageConfig {
             max_connections: 8,
             connect_timeout: Duration::from_secs(5),
             sqlite_synchronous: SqliteSynchronous::Full,
+            sqlite_cache_mib: 64,
+            sqlite_wal_autocheckpoint_pages: 16_384,
             group_commit: GroupCommitConfig::default(),
         }
     }
@@ -104,7 +110,7 @@ pub enum SqliteSynchronous {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GroupCommitConfig {
-    /// Most rows written by one statement (1..=1000).
+    /// Most rows committed by one transaction (1..=8192).
     pub max_batch: usize,
     /// Batches written at once. Unset: 1 for SQLite (one writer anyway), 2 otherwise.
     pub writers: Option<usize>,
@@ -114,7 +120,7 @@ pub struct GroupCommitConfig {
 
 impl Default for GroupCommitConfig {
     fn default() -> Self {
-        Self { max_batch: 256, writers: None, queue: 65_536 }
+        Self { max_batch: 2048, writers: None, queue: 65_536 }
     }
 }
 
@@ -200,9 +206,9 @@ impl Config {
             )));
         }
         let batch = self.storage.group_commit.max_batch;
-        if !(1..=1000).contains(&batch) {
+        if !(1..=8192).contains(&batch) {
             return Err(ConfigError::Invalid(format!(
-                "storage.group_commit.max_batch {batch} must be 1..=1000"
+                "storage.group_commit.max_batch {batch} must be 1..=8192"
             )));
         }
         if self.storage.group_commit.writers == Some(0) || self.storage.group_commit.queue == 0 {

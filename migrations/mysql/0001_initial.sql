@@ -13,7 +13,8 @@ CREATE TABLE messages (
     body          LONGBLOB     NOT NULL,
     sent_at_ms    BIGINT       NOT NULL,
     UNIQUE KEY messages_conversation_seq (conversation, seq),
-    UNIQUE KEY messages_sender_client_msg_id (sender, client_msg_id)
+    -- client_msg_id first: time-ordered ids (UUIDv7) then append to one end of the index.
+    UNIQUE KEY messages_client_msg_id_sender (client_msg_id, sender)
 ) ENGINE = InnoDB;
 
 CREATE TABLE session_seq (

@@ -11,7 +11,8 @@ CREATE TABLE messages (
     body          BYTEA   NOT NULL,
     sent_at_ms    BIGINT  NOT NULL,
     CONSTRAINT messages_conversation_seq UNIQUE (conversation, seq),
-    CONSTRAINT messages_sender_client_msg_id UNIQUE (sender, client_msg_id)
+    -- client_msg_id first: time-ordered ids (UUIDv7) then append to one end of the index.
+    CONSTRAINT messages_client_msg_id_sender UNIQUE (client_msg_id, sender)
 );
 
 CREATE TABLE session_seq (

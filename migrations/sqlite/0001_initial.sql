@@ -12,7 +12,9 @@ CREATE TABLE messages (
     body          BLOB    NOT NULL,
     sent_at_ms    INTEGER NOT NULL,
     UNIQUE (conversation, seq),
-    UNIQUE (sender, client_msg_id)
+    -- client_msg_id first: time-ordered ids (UUIDv7) then append to one end of the index
+    -- instead of landing on a random page per row.
+    UNIQUE (client_msg_id, sender)
 );
 
 -- High-water mark of seqs leased per conversation (segment allocator).

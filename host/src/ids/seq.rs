@@ -225,10 +225,8 @@ impl SeqAllocator {
     pub async fn next(self: &Arc<Self>, conversation: &ConversationId) -> Result<u64, LeaseError> {
         loop {
             // Fast path: a seq from memory, under the map's shard read lock, no allocation.
-            let taken = match self.conversations.get(conversation) {
-                Some(entry) => Some(entry.take(self.config.prefetch_at)),
-                None => None,
-            };
+            let taken =
+                self.conversations.get(conversation).map(|entry| entry.take(self.config.prefetch_at));
             match taken {
                 Some(Take::Seq(seq, prefetch)) => {
                     if prefetch {

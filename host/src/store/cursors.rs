@@ -35,7 +35,7 @@ impl Database {
         if highest.is_empty() {
             return Ok(());
         }
-        on_backend!(self, |pool, sql| {
+        on_backend!(self.writer, |pool, sql| {
             let mut upsert =
                 QueryBuilder::new("INSERT INTO device_cursors (user_id, device_id, conversation, seq) ");
             upsert.push_values(&highest, |mut row, ((user, device, conversation), seq)| {
@@ -52,7 +52,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the query fails.
     pub async fn cursors(&self, user: &UserId, device: &DeviceId) -> Result<Vec<(String, u64)>, StoreError> {
-        let rows: Vec<(String, i64)> = on_backend!(self, |pool, sql| {
+        let rows: Vec<(String, i64)> = on_backend!(self.reader, |pool, sql| {
             sqlx::query_as(sql.cursors_of_device)
                 .bind(user.as_str())
                 .bind(device.as_str())

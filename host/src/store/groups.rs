@@ -9,7 +9,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::GroupExists`] when the id is taken; nothing changed.
     pub async fn create_group(&self, group: &GroupId, members: &[UserId], now_ms: u64) -> Result<(), StoreError> {
-        let result: Result<(), sqlx::Error> = on_backend!(self, |pool, sql| {
+        let result: Result<(), sqlx::Error> = on_backend!(self.writer, |pool, sql| {
             async {
                 let mut transaction = pool.begin().await?;
                 sqlx::query(sql.insert_group)
@@ -40,7 +40,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the write fails.
     pub async fn delete_group(&self, group: &GroupId) -> Result<bool, StoreError> {
-        let done = on_backend!(self, |pool, sql| {
+        let done = on_backend!(self.writer, |pool, sql| {
             sqlx::query(sql.delete_group).bind(group.as_str()).execute(pool).await?.rows_affected()
         });
         Ok(done > 0)
@@ -54,7 +54,7 @@ impl Database {
         if !self.group_exists(group).await? {
             return Err(StoreError::NoSuchGroup(group.to_string()));
         }
-        let result = on_backend!(self, |pool, sql| {
+        let result = on_backend!(self.writer, |pool, sql| {
             sqlx::query(sql.add_member)
                 .bind(group.as_str())
                 .bind(user.as_str())
@@ -75,7 +75,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the write fails.
     pub async fn remove_member(&self, group: &GroupId, user: &UserId) -> Result<bool, StoreError> {
-        let done = on_backend!(self, |pool, sql| {
+        let done = on_backend!(self.writer, |pool, sql| {
             sqlx::query(sql.remove_member)
                 .bind(group.as_str())
                 .bind(user.as_str())
@@ -91,7 +91,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the query fails.
     pub async fn group_exists(&self, group: &GroupId) -> Result<bool, StoreError> {
-        let count: i64 = on_backend!(self, |pool, sql| {
+        let count: i64 = on_backend!(self.reader, |pool, sql| {
             sqlx::query_scalar(sql.group_exists).bind(group.as_str()).fetch_one(pool).await?
         });
         Ok(count > 0)
@@ -105,7 +105,7 @@ impl Database {
         if !self.group_exists(group).await? {
             return Ok(None);
         }
-        let members = on_backend!(self, |pool, sql| {
+        let members = on_backend!(self.reader, |pool, sql| {
             sqlx::query_scalar(sql.group_members).bind(group.as_str()).fetch_all(pool).await?
         });
         Ok(Some(members))
@@ -116,7 +116,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the query fails.
     pub async fn is_member(&self, group: &GroupId, user: &UserId) -> Result<bool, StoreError> {
-        let count: i64 = on_backend!(self, |pool, sql| {
+        let count: i64 = on_backend!(self.reader, |pool, sql| {
             sqlx::query_scalar(sql.is_member)
                 .bind(group.as_str())
                 .bind(user.as_str())
@@ -131,7 +131,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the query fails.
     pub async fn groups_of(&self, user: &UserId) -> Result<Vec<String>, StoreError> {
-        Ok(on_backend!(self, |pool, sql| {
+        Ok(on_backend!(self.reader, |pool, sql| {
             sqlx::query_scalar(sql.groups_of_user).bind(user.as_str()).fetch_all(pool).await?
         }))
     }

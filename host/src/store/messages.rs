@@ -9,6 +9,10 @@ use std::collections::HashSet;
 use sqlx::{ColumnIndex, Decode, QueryBuilder, Row, Type};
 
 use super::{Database, StoreError, on_backend, signed, unsigned};
+
+/// Rows per INSERT statement: 9 parameters a row stays far below every driver's limit
+/// (SQLite 32,766; MySQL and PostgreSQL 65,535).
+const ROWS_PER_STATEMENT: usize = 256;
 use crate::model::{ClientMsgId, ConversationId, DeviceId, UserId};
 
 /// A message ready to be stored: ids allocated, content validated.
@@ -114,39 +118,41 @@ impl Database {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        let inserted: HashSet<i64> = on_backend!(self, |pool, sql| {
-            let mut insert = QueryBuilder::new(sql.insert_messages);
-            insert.push_values(messages, |mut row, m| {
-                row.push_bind(signed(m.id))
-                    .push_bind(m.conversation.as_str())
-                    .push_bind(signed(m.seq))
-                    .push_bind(m.sender.as_str())
-                    .push_bind(m.sender_device.as_str())
-                    .push_bind(m.client_msg_id.as_str())
-                    .push_bind(i64::from(m.kind))
-                    .push_bind(m.body.as_slice())
-                    .push_bind(signed(m.sent_at_ms));
-            });
-            insert.push(sql.insert_messages_tail);
-            if sql.insert_returns_ids {
-                insert
-                    .build_query_scalar::<i64>()
-                    .fetch_all(pool)
-                    .await?
-                    .into_iter()
-                    .collect()
-            } else {
-                // The affected-row count cannot tell skipped rows from inserted ones (the
-                // driver reports found rows), so read back which of our ids are there.
-                insert.build().execute(pool).await?;
-                let mut read_back = QueryBuilder::new("SELECT id FROM messages WHERE id IN (");
-                let mut ids = read_back.separated(", ");
-                for m in messages {
-                    ids.push_bind(signed(m.id));
+        // One transaction for the whole batch (one commit, one fsync), split into
+        // statements small enough for every driver's limit on bound parameters.
+        let mut inserted: HashSet<i64> = HashSet::with_capacity(messages.len());
+        on_backend!(self.writer, |pool, sql| {
+            let mut transaction = pool.begin().await?;
+            for chunk in messages.chunks(ROWS_PER_STATEMENT) {
+                let mut insert = QueryBuilder::new(sql.insert_messages);
+                insert.push_values(chunk, |mut row, m| {
+                    row.push_bind(signed(m.id))
+                        .push_bind(m.conversation.as_str())
+                        .push_bind(signed(m.seq))
+                        .push_bind(m.sender.as_str())
+                        .push_bind(m.sender_device.as_str())
+                        .push_bind(m.client_msg_id.as_str())
+                        .push_bind(i64::from(m.kind))
+                        .push_bind(m.body.as_slice())
+                        .push_bind(signed(m.sent_at_ms));
+                });
+                insert.push(sql.insert_messages_tail);
+                let done = insert.build().execute(&mut *transaction).await?;
+                if sql.insert_count_is_exact && done.rows_affected() == chunk.len() as u64 {
+                    inserted.extend(chunk.iter().map(|m| signed(m.id)));
+                } else {
+                    // Some rows were skipped (or the driver cannot say how many were
+                    // inserted): read back which of our ids are there.
+                    let mut read_back = QueryBuilder::new("SELECT id FROM messages WHERE id IN (");
+                    let mut ids = read_back.separated(", ");
+                    for m in chunk {
+                        ids.push_bind(signed(m.id));
+                    }
+                    read_back.push(")");
+                    inserted.extend(read_back.build_query_scalar::<i64>().fetch_all(&mut *transaction).await?);
                 }
-                read_back.push(")");
-                read_back.build_query_scalar::<i64>().fetch_all(pool).await?.into_iter().collect()
             }
+            transaction.commit().await?;
         });
 
         let mut results = Vec::with_capacity(messages.len());
@@ -176,7 +182,7 @@ impl Database {
         sender: &UserId,
         client_msg_id: &ClientMsgId,
     ) -> Result<Option<StoredMessage>, StoreError> {
-        on_backend!(self, |pool, sql| {
+        on_backend!(self.reader, |pool, sql| {
             let row = sqlx::query(sql.message_by_client_id)
                 .bind(sender.as_str())
                 .bind(client_msg_id.as_str())
@@ -196,7 +202,7 @@ impl Database {
         after_seq: u64,
         limit: u32,
     ) -> Result<Vec<StoredMessage>, StoreError> {
-        on_backend!(self, |pool, sql| {
+        on_backend!(self.reader, |pool, sql| {
             let rows = sqlx::query(sql.messages_after)
                 .bind(conversation.as_str())
                 .bind(signed(after_seq))
@@ -220,7 +226,7 @@ impl Database {
         limit: u32,
     ) -> Result<Vec<StoredMessage>, StoreError> {
         let before = if before_seq == 0 { i64::MAX } else { signed(before_seq) };
-        let mut messages: Vec<StoredMessage> = on_backend!(self, |pool, sql| {
+        let mut messages: Vec<StoredMessage> = on_backend!(self.reader, |pool, sql| {
             let rows = sqlx::query(sql.messages_before)
                 .bind(conversation.as_str())
                 .bind(before)
@@ -238,7 +244,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the query fails.
     pub async fn latest_seq(&self, conversation: &ConversationId) -> Result<u64, StoreError> {
-        let latest: Option<i64> = on_backend!(self, |pool, sql| {
+        let latest: Option<i64> = on_backend!(self.reader, |pool, sql| {
             sqlx::query_scalar(sql.latest_seq).bind(conversation.as_str()).fetch_one(pool).await?
         });
         latest.map_or(Ok(0), |seq| unsigned(seq, "seq"))

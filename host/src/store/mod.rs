@@ -15,6 +15,7 @@ pub mod messages;
 pub mod mysql;
 pub mod postgres;
 pub mod routes;
+pub mod scratch;
 pub mod seq_lease;
 pub mod sqlite;
 
@@ -93,11 +94,11 @@ impl Backend {
 pub struct Sql {
     /// Multi-row message insert, up to `VALUES` (rows are pushed by a query builder).
     pub insert_messages: &'static str,
-    /// What follows the rows: skip conflicting rows (and return the ids inserted, if
-    /// `insert_returns_ids`).
+    /// What follows the rows: skip rows that conflict with stored ones.
     pub insert_messages_tail: &'static str,
-    /// Whether `insert_messages_tail` returns the inserted ids (`RETURNING id`).
-    pub insert_returns_ids: bool,
+    /// Whether the driver's affected-row count of that insert is the number of rows
+    /// inserted (not so for MySQL, which counts rows found by `ON DUPLICATE KEY UPDATE`).
+    pub insert_count_is_exact: bool,
     /// One message by (sender, client_msg_id).
     pub message_by_client_id: &'static str,
     /// Messages after a seq, ascending.
@@ -137,14 +138,14 @@ pub enum Pool {
     Postgres(PgPool),
 }
 
-/// Runs `$body` against the configured pool, with `$pool` bound to it and `$sql` to that
-/// dialect's [`Sql`]. The body is compiled once per backend, so it may use each driver's
-/// concrete types.
+/// Runs `$body` against a [`Pool`] (`database.reader` or `database.writer`), with `$pool`
+/// bound to the driver's pool and `$sql` to that dialect's [`Sql`]. The body is compiled
+/// once per backend, so it may use each driver's concrete types.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! on_backend {
-    ($db:expr, |$pool:ident, $sql:ident| $body:expr) => {
-        match &$db.pool {
+    ($pool_expr:expr, |$pool:ident, $sql:ident| $body:expr) => {
+        match &$pool_expr {
             $crate::store::Pool::Sqlite($pool) => {
                 let $sql = &$crate::store::sqlite::SQL;
                 $body
@@ -165,8 +166,13 @@ pub(crate) use on_backend;
 /// Handle to the database: cheap to clone, shared by every repository.
 #[derive(Clone, Debug)]
 pub struct Database {
-    /// The connection pool of whichever backend the URL named.
-    pub pool: Pool,
+    /// Connections for reads.
+    pub reader: Pool,
+    /// Connections for writes. For SQLite this is one connection of its own: SQLite takes
+    /// one writer at a time anyway, and a connection that did the last write keeps its page
+    /// cache, where rotating writes over a pool makes each connection re-read the pages
+    /// another one changed. Elsewhere it is the same pool as `reader`.
+    pub writer: Pool,
 }
 
 impl Database {
@@ -176,7 +182,7 @@ impl Database {
     /// # Errors
     /// [`StoreError`] when the URL is not understood or the database cannot be reached.
     pub async fn connect(url: &str, config: &StorageConfig) -> Result<Self, StoreError> {
-        let pool = match Backend::of_url(url)? {
+        let (reader, writer) = match Backend::of_url(url)? {
             Backend::Sqlite => {
                 let options = SqliteConnectOptions::from_str(url)?
                     .create_if_missing(true)
@@ -186,51 +192,65 @@ impl Database {
                         config::SqliteSynchronous::Normal => SqliteSynchronous::Normal,
                     })
                     .busy_timeout(Duration::from_secs(10))
-                    .foreign_keys(true);
-                if let Some(parent) = options.get_filename().parent() {
-                    if !parent.as_os_str().is_empty() {
-                        std::fs::create_dir_all(parent).map_err(|source| StoreError::DataDir {
-                            path: parent.display().to_string(),
-                            source,
-                        })?;
-                    }
+                    .foreign_keys(true)
+                    // The unique indexes are written at random places; keep their pages
+                    // cached rather than re-read from the OS.
+                    .pragma("cache_size", format!("-{}", config.sqlite_cache_mib * 1024))
+                    // A group commit dirties hundreds of index pages. Checkpointing after
+                    // every ~4 MiB of WAL would copy them into the database file (and fsync
+                    // it) almost every commit; letting the WAL grow further lets a page
+                    // rewritten by many commits be copied once.
+                    .pragma("wal_autocheckpoint", config.sqlite_wal_autocheckpoint_pages.to_string());
+                if let Some(parent) = options.get_filename().parent()
+                    && !parent.as_os_str().is_empty()
+                {
+                    std::fs::create_dir_all(parent).map_err(|source| StoreError::DataDir {
+                        path: parent.display().to_string(),
+                        source,
+                    })?;
                 }
-                Pool::Sqlite(
-                    SqlitePoolOptions::new()
-                        .max_connections(config.max_connections)
-                        .acquire_timeout(config.connect_timeout)
-                        .connect_with(options)
-                        .await?,
-                )
+                let writer = SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(config.connect_timeout)
+                    .connect_with(options.clone())
+                    .await?;
+                let reader = SqlitePoolOptions::new()
+                    .max_connections(config.max_connections)
+                    .acquire_timeout(config.connect_timeout)
+                    .connect_with(options)
+                    .await?;
+                (Pool::Sqlite(reader), Pool::Sqlite(writer))
             }
             Backend::MySql => {
                 let url = url.replacen("mariadb://", "mysql://", 1);
                 let options = MySqlConnectOptions::from_str(&url)?;
-                Pool::MySql(
+                let pool = Pool::MySql(
                     MySqlPoolOptions::new()
                         .max_connections(config.max_connections)
                         .acquire_timeout(config.connect_timeout)
                         .connect_with(options)
                         .await?,
-                )
+                );
+                (pool.clone(), pool)
             }
             Backend::Postgres => {
                 let options = PgConnectOptions::from_str(url)?;
-                Pool::Postgres(
+                let pool = Pool::Postgres(
                     PgPoolOptions::new()
                         .max_connections(config.max_connections)
                         .acquire_timeout(config.connect_timeout)
                         .connect_with(options)
                         .await?,
-                )
+                );
+                (pool.clone(), pool)
             }
         };
-        Ok(Self { pool })
+        Ok(Self { reader, writer })
     }
 
     /// Which backend this is.
     pub fn backend(&self) -> Backend {
-        match self.pool {
+        match self.writer {
             Pool::Sqlite(_) => Backend::Sqlite,
             Pool::MySql(_) => Backend::MySql,
             Pool::Postgres(_) => Backend::Postgres,
@@ -244,12 +264,12 @@ impl Database {
     /// [`StoreError::Migrate`] when a migration fails or the database has migrations this
     /// binary does not know (a newer Herald ran against it).
     pub async fn migrate(&self) -> Result<usize, StoreError> {
-        match &self.pool {
+        match &self.writer {
             Pool::Sqlite(pool) => SQLITE_MIGRATIONS.run(pool).await?,
             Pool::MySql(pool) => MYSQL_MIGRATIONS.run(pool).await?,
             Pool::Postgres(pool) => POSTGRES_MIGRATIONS.run(pool).await?,
         }
-        Ok(match self.pool {
+        Ok(match self.writer {
             Pool::Sqlite(_) => SQLITE_MIGRATIONS.iter().count(),
             Pool::MySql(_) => MYSQL_MIGRATIONS.iter().count(),
             Pool::Postgres(_) => POSTGRES_MIGRATIONS.iter().count(),
@@ -258,12 +278,13 @@ impl Database {
 
     /// Whether the database answers a trivial query (for `/readyz`).
     pub async fn ping(&self) -> bool {
-        on_backend!(self, |pool, _sql| sqlx::query("SELECT 1").execute(pool).await.is_ok())
+        on_backend!(self.reader, |pool, _sql| sqlx::query("SELECT 1").execute(pool).await.is_ok())
     }
 
     /// Closes every connection, waiting for those in use.
     pub async fn close(&self) {
-        on_backend!(self, |pool, _sql| pool.close().await)
+        on_backend!(self.reader, |pool, _sql| pool.close().await);
+        on_backend!(self.writer, |pool, _sql| pool.close().await);
     }
 }
 

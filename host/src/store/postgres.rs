@@ -6,8 +6,8 @@ use super::Sql;
 /// The PostgreSQL dialect.
 pub const SQL: Sql = Sql {
     insert_messages: "INSERT INTO messages (id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms) ",
-    insert_messages_tail: " ON CONFLICT DO NOTHING RETURNING id",
-    insert_returns_ids: true,
+    insert_messages_tail: " ON CONFLICT DO NOTHING",
+    insert_count_is_exact: true,
     message_by_client_id: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE sender = $1 AND client_msg_id = $2",
     messages_after: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = $1 AND seq > $2 ORDER BY seq ASC LIMIT $3",
     messages_before: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",

@@ -30,7 +30,7 @@ impl Database {
         connection_id: &str,
         connected_at_ms: u64,
     ) -> Result<(), StoreError> {
-        on_backend!(self, |pool, sql| {
+        on_backend!(self.writer, |pool, sql| {
             sqlx::query(sql.upsert_route)
                 .bind(user.as_str())
                 .bind(device.as_str())
@@ -49,7 +49,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the write fails.
     pub async fn remove_route(&self, user: &UserId, device: &DeviceId, connection_id: &str) -> Result<bool, StoreError> {
-        let done = on_backend!(self, |pool, sql| {
+        let done = on_backend!(self.writer, |pool, sql| {
             sqlx::query(sql.remove_route)
                 .bind(user.as_str())
                 .bind(device.as_str())
@@ -66,7 +66,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the query fails.
     pub async fn routes_of(&self, user: &UserId) -> Result<Vec<RouteInfo>, StoreError> {
-        let rows: Vec<(String, String, i64, String, i64)> = on_backend!(self, |pool, sql| {
+        let rows: Vec<(String, String, i64, String, i64)> = on_backend!(self.reader, |pool, sql| {
             sqlx::query_as(sql.routes_of_user).bind(user.as_str()).fetch_all(pool).await?
         });
         rows.into_iter()
@@ -87,7 +87,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the write fails.
     pub async fn drop_node_routes(&self, node_id: u32) -> Result<u64, StoreError> {
-        Ok(on_backend!(self, |pool, sql| {
+        Ok(on_backend!(self.writer, |pool, sql| {
             sqlx::query(sql.drop_node_routes).bind(i64::from(node_id)).execute(pool).await?.rows_affected()
         }))
     }

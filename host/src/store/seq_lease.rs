@@ -16,7 +16,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Database`] when the transaction fails; nothing was leased.
     pub async fn lease_seqs(&self, conversation: &ConversationId, step: u64) -> Result<SeqRange, StoreError> {
-        let high: i64 = on_backend!(self, |pool, sql| {
+        let high: i64 = on_backend!(self.writer, |pool, sql| {
             match sql.lease_select {
                 Some(select) => {
                     let mut transaction = pool.begin().await?;

@@ -1,0 +1,28 @@
+# Shared helpers for Herald's scripts. Sourced, not run.
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf '\033[31merror:\033[0m %s\n' "$*" >&2; exit 1; }
+
+# The wasm32-wasip2 target builds the plugins; install it from the project's scripts so a
+# fresh machine needs nothing done by hand.
+ensure_wasm_target() {
+    if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
+        say "installing the wasm32-wasip2 Rust target (plugins are built for it)"
+        rustup target add wasm32-wasip2 >&2 || die "could not install the wasm32-wasip2 target with rustup"
+    fi
+}
+
+# Builds the first-party plugins (if the plugins workspace exists) and prints the folder
+# holding the .wasm files.
+build_plugins() {
+    local profile=${1:-release}
+    if [ ! -f plugins/Cargo.toml ]; then
+        return 0
+    fi
+    ensure_wasm_target
+    say "building the first-party plugins for wasm32-wasip2"
+    local flag=--release
+    [ "$profile" = debug ] && flag=
+    cargo build --manifest-path plugins/Cargo.toml --target wasm32-wasip2 $flag >&2 \
+        || die "building the plugins failed"
+}
