@@ -43,6 +43,91 @@ pub struct Config {
     pub storage: StorageConfig,
     /// The seq allocator.
     pub seq: SeqConfig,
+    /// The WebSocket edge.
+    pub gateway: GatewayConfig,
+    /// Push, acks, retries, backfill and pull.
+    pub delivery: DeliveryConfig,
+    /// HTTP API keys.
+    pub api: ApiConfig,
+}
+
+/// `[gateway]`: WebSocket connections.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// The server pings every this many ms; a connection silent for 3 intervals is closed.
+    pub heartbeat_ms: u64,
+    /// The first frame must be `connect` within this many ms (close 4002 otherwise).
+    pub connect_timeout_ms: u64,
+    /// Largest frame accepted, in bytes (close 1009 otherwise).
+    pub max_frame_bytes: usize,
+    /// Frames queued for one connection before it is closed as a slow consumer (4008).
+    pub send_queue: usize,
+    /// HS256 secret for client tokens. Required outside dev mode; dev mode has a fixed one.
+    pub jwt_secret: Option<String>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 30_000,
+            connect_timeout_ms: 10_000,
+            max_frame_bytes: 1 << 20,
+            send_queue: 1024,
+            jwt_secret: None,
+        }
+    }
+}
+
+/// `[delivery]`: how messages reach devices.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// A pushed message not acked within this many ms is pushed again; the wait doubles
+    /// each attempt (2 s, 4 s, 8 s …).
+    pub ack_timeout_ms: u64,
+    /// Cap on the wait between attempts.
+    pub backoff_max_ms: u64,
+    /// Random extra wait, as a share of the wait (0.3 = 0–30 %).
+    pub jitter: f64,
+    /// Pushes of one message to one device, the first included; then it waits for pull.
+    pub max_attempts: u32,
+    /// Acked cursors are written to storage at most this often (coalesced).
+    pub cursor_flush_ms: u64,
+    /// Most messages pushed per conversation when a device connects; the rest by `sync`.
+    pub backfill_limit: u32,
+    /// Devices backfilled at once on this node, so a reconnect storm cannot flood it.
+    pub backfill_concurrency: usize,
+    /// Largest `limit` honoured by `sync` and `history`.
+    pub max_page: u32,
+    /// How long a dedup mark lives, in ms (the unique index guards beyond it).
+    pub dedup_ttl_ms: u64,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        Self {
+            ack_timeout_ms: 2_000,
+            backoff_max_ms: 60_000,
+            jitter: 0.3,
+            max_attempts: 5,
+            cursor_flush_ms: 100,
+            backfill_limit: 1_000,
+            backfill_concurrency: 32,
+            max_page: 500,
+            dedup_ttl_ms: 600_000,
+        }
+    }
+}
+
+/// `[api]`: keys for server-to-server and admin calls.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Keys game servers and backends use (`Authorization: Bearer <key>`).
+    pub keys: Vec<String>,
+    /// Keys for `/admin/*`.
+    pub admin_keys: Vec<String>,
 }
 
 impl Default for Config {
@@ -55,6 +140,9 @@ impl Default for Config {
             node_id: 0,
             storage: StorageConfig::default(),
             seq: SeqConfig::default(),
+            gateway: GatewayConfig::default(),
+            delivery: DeliveryConfig::default(),
+            api: ApiConfig::default(),
         }
     }
 }
@@ -219,6 +307,23 @@ impl Config {
         if self.storage.max_connections == 0 {
             return Err(ConfigError::Invalid("storage.max_connections must be at least 1".into()));
         }
+        let g = &self.gateway;
+        if g.heartbeat_ms == 0 || g.connect_timeout_ms == 0 || g.send_queue == 0 || g.max_frame_bytes < 64 {
+            return Err(ConfigError::Invalid(
+                "gateway.heartbeat_ms, connect_timeout_ms and send_queue must be at least 1, max_frame_bytes at least 64".into(),
+            ));
+        }
+        let d = &self.delivery;
+        if d.ack_timeout_ms == 0 || d.max_attempts == 0 || !(0.0..=1.0).contains(&d.jitter) || d.max_page == 0 {
+            return Err(ConfigError::Invalid(
+                "delivery.ack_timeout_ms, max_attempts and max_page must be at least 1, jitter in [0, 1]".into(),
+            ));
+        }
+        if d.backfill_concurrency == 0 || d.cursor_flush_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "delivery.backfill_concurrency and cursor_flush_ms must be at least 1".into(),
+            ));
+        }
         self.seq.validate().map_err(ConfigError::Invalid)
     }
 
@@ -273,7 +378,6 @@ mod tests {
         let config = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults load");
         assert_eq!(config.database_url(), "sqlite://herald-data/herald.db");
         assert_eq!(config.plugins_dir(), PathBuf::from("herald-data/plugins"));
-        assert!(!config.dev);
     }
 
     #[test]

@@ -7,7 +7,12 @@
 pub mod api;
 pub mod clock;
 pub mod config;
+pub mod delivery;
+pub mod gateway;
 pub mod ids;
 pub mod model;
+pub mod node;
+pub mod pipeline;
+pub mod routing;
 pub mod server;
 pub mod store;

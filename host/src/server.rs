@@ -7,15 +7,17 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::api::{self, ApiState};
+use std::sync::Arc;
+
+use crate::api;
 use crate::config::Config;
-use crate::store::{Database, GroupCommitter, StoreError};
+use crate::node::{Node, NodeError};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Node(#[from] NodeError),
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
 }
@@ -27,8 +29,7 @@ pub struct RunningServer {
     /// Flip to `true` to start a graceful shutdown.
     stop: watch::Sender<bool>,
     task: JoinHandle<std::io::Result<()>>,
-    database: Database,
-    committer: GroupCommitter,
+    node: Arc<Node>,
 }
 
 /// Opens storage, migrates it, binds the listener and starts serving.
@@ -36,27 +37,23 @@ pub struct RunningServer {
 /// # Errors
 /// [`ServeError`] when the database cannot be opened or migrated, or the address is taken.
 pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
-    let url = config.database_url();
-    let database = Database::connect(&url, &config.storage).await?;
-    let migrations = database.migrate().await?;
-    tracing::info!(backend = ?database.backend(), migrations, "storage ready");
-    let committer = GroupCommitter::start(database.clone(), &config.storage.group_commit);
+    let node = Node::open(config.clone()).await?;
 
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     let addr = listener.local_addr().map_err(|source| ServeError::Listen { addr: config.listen, source })?;
-    let app = api::router(ApiState { database: database.clone() });
+    let app = api::router(Arc::clone(&node));
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
-        axum::serve(listener, app)
+        axum::serve(listener, app.into_make_service())
             .with_graceful_shutdown(async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             })
             .await
     });
     tracing::info!(%addr, dev = config.dev, "herald is serving");
-    Ok(RunningServer { addr, stop, task, database, committer })
+    Ok(RunningServer { addr, stop, task, node })
 }
 
 impl RunningServer {
@@ -64,12 +61,14 @@ impl RunningServer {
     /// the database.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        self.node.shut_down().await;
         match self.task.await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::error!(%error, "server stopped with an error"),
             Err(error) => tracing::error!(%error, "server task failed"),
         }
-        self.committer.close().await;
-        self.database.close().await;
+        let node = self.node;
+        node.committer.clone().close().await;
+        node.database.close().await;
     }
 }

@@ -1,23 +1,29 @@
-//! The HTTP API (axum). For now: liveness and readiness; the rest of PROTOCOL.md's HTTP
-//! table arrives with the messaging and plugin work.
+//! The HTTP API (axum), PROTOCOL.md's HTTP table: dev tokens, groups, history, presence,
+//! health, and the WebSocket endpoint. In dev mode `/` serves the web chat page.
 //!
 //! Errors are always `{"error": {"code": "...", "message": "..."}}` with a fitting status.
 
+mod conversations;
+mod groups;
+mod users;
+
+use std::sync::Arc;
+
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::store::Database;
+use crate::model::UserId;
+use crate::node::Node;
 
-/// What the handlers share.
-#[derive(Clone)]
-pub struct ApiState {
-    /// The database, for readiness.
-    pub database: Database,
-}
+/// The dev-mode API key and admin key (PROTOCOL.md, "Dev mode").
+const DEV_KEY: &str = "dev-key";
+
+/// The web chat page served at `/` in dev mode.
+const WEB_PAGE: &str = include_str!("../../../examples/web/index.html");
 
 /// An HTTP error in PROTOCOL.md's shape.
 #[derive(Debug)]
@@ -29,6 +35,20 @@ pub struct ApiError {
     pub message: String,
 }
 
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into() }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid", message)
+    }
+
+    pub fn unavailable(error: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("storage unavailable: {error}"))
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({ "error": { "code": self.code, "message": self.message } });
@@ -37,12 +57,38 @@ impl IntoResponse for ApiError {
 }
 
 /// Every route this node serves.
-pub fn router(state: ApiState) -> Router {
-    Router::new()
+pub fn router(node: Arc<Node>) -> Router {
+    let mut router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .fallback(not_found)
-        .with_state(state)
+        .route("/v1/ws", get(crate::gateway::upgrade))
+        .route("/v1/dev/token", post(users::dev_token))
+        .route("/v1/users/{user}/presence", get(users::presence))
+        .route("/v1/groups", post(groups::create))
+        .route("/v1/groups/{id}/members/{user}", put(groups::add_member).delete(groups::remove_member))
+        .route("/v1/conversations/{conversation}/messages", get(conversations::messages));
+    if node.config.dev {
+        router = router.route("/", get(|| async { Html(WEB_PAGE) }));
+    }
+    router.fallback(not_found).with_state(node)
+}
+
+/// The bearer token of a request, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
+}
+
+/// Checks a server-to-server API key.
+fn require_api_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
+    let key = bearer(headers).ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <api key>"))?;
+    let known = node.config.api.keys.iter().any(|k| k == key) || (node.config.dev && key == DEV_KEY);
+    if known { Ok(()) } else { Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "unknown api key")) }
+}
+
+/// The user a request's token belongs to.
+fn require_user(node: &Node, headers: &HeaderMap) -> Result<UserId, ApiError> {
+    let token = bearer(headers).ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <token>"))?;
+    node.auth.authenticate(token).map_err(|error| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", error.to_string()))
 }
 
 /// Liveness: the process is up and answering.
@@ -51,18 +97,14 @@ async fn healthz() -> Json<serde_json::Value> {
 }
 
 /// Readiness: the database answers.
-async fn readyz(State(state): State<ApiState>) -> Result<Json<serde_json::Value>, ApiError> {
-    if state.database.ping().await {
+async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>, ApiError> {
+    if node.database.ping().await {
         Ok(Json(json!({ "status": "ready" })))
     } else {
-        Err(ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "not_ready",
-            message: "the database is not answering".into(),
-        })
+        Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the database is not answering"))
     }
 }
 
 async fn not_found() -> ApiError {
-    ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: "no such endpoint".into() }
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
 }

@@ -9,6 +9,7 @@
 //! that is what lets the pipeline's `SendAck OK` mean "durable".
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -16,20 +17,35 @@ use tokio::task::JoinHandle;
 use super::{Backend, Database, Inserted, NewMessage, StoreError};
 use crate::config::GroupCommitConfig;
 
+/// A submitted insert: wait on it to learn the outcome once its batch is committed.
+pub struct Ticket(oneshot::Receiver<Result<Inserted, StoreError>>);
+
+impl Ticket {
+    /// The outcome of the insert, once durable (or failed).
+    ///
+    /// # Errors
+    /// As [`GroupCommitter::insert`].
+    pub async fn wait(self) -> Result<Inserted, StoreError> {
+        self.0.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
 /// One insert waiting for its batch.
 struct Pending {
     message: NewMessage,
     done: oneshot::Sender<Result<Inserted, StoreError>>,
 }
 
-/// The front door to batched message inserts. Dropping every clone lets the writers drain
-/// what is queued and stop; [`close`](Self::close) waits for that.
+/// The front door to batched message inserts. [`close`](Self::close) waits until what is
+/// queued is written, then stops the writers.
 #[derive(Clone)]
 pub struct GroupCommitter {
     /// Where inserts queue for the writers.
     queue: mpsc::Sender<Pending>,
-    /// The writer tasks, joined on close.
+    /// The writer tasks, stopped on close.
     writers: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
+    /// Batches being written right now.
+    busy: Arc<AtomicUsize>,
 }
 
 impl GroupCommitter {
@@ -42,12 +58,13 @@ impl GroupCommitter {
             Backend::Sqlite => 1,
             Backend::MySql | Backend::Postgres => 2,
         });
+        let busy = Arc::new(AtomicUsize::new(0));
         let handles = (0..writers)
             .map(|_| {
-                tokio::spawn(write_batches(database.clone(), Arc::clone(&receiver), config.max_batch))
+                tokio::spawn(write_batches(database.clone(), Arc::clone(&receiver), config.max_batch, Arc::clone(&busy)))
             })
             .collect();
-        Self { queue, writers: Arc::new(std::sync::Mutex::new(handles)) }
+        Self { queue, writers: Arc::new(std::sync::Mutex::new(handles)), busy }
     }
 
     /// Stores `message` in the next batch and returns once that batch is committed.
@@ -56,20 +73,31 @@ impl GroupCommitter {
     /// [`StoreError::Closed`] when the writers have stopped; otherwise what the database
     /// said about this row (see [`Database::insert_messages`]).
     pub async fn insert(&self, message: NewMessage) -> Result<Inserted, StoreError> {
-        let (done, outcome) = oneshot::channel();
-        self.queue.send(Pending { message, done }).await.map_err(|_| StoreError::Closed)?;
-        outcome.await.map_err(|_| StoreError::Closed)?
+        self.submit(message).await?.wait().await
     }
 
-    /// Stops accepting inserts from this handle and waits until every queued insert has
-    /// been written, provided no other clone is still sending.
-    pub async fn close(self) {
-        let handles = std::mem::take(&mut *self.writers.lock().unwrap_or_else(|p| p.into_inner()));
-        drop(self);
-        for handle in handles {
-            if let Err(error) = handle.await {
-                tracing::error!(%error, "group-commit writer failed");
-            }
+    /// Queues `message` for the next batch and returns at once with a ticket to wait on.
+    /// Messages submitted one after another are committed in that order.
+    ///
+    /// # Errors
+    /// [`StoreError::Closed`] when the writers have stopped.
+    pub async fn submit(&self, message: NewMessage) -> Result<Ticket, StoreError> {
+        let (done, outcome) = oneshot::channel();
+        self.queue.send(Pending { message, done }).await.map_err(|_| StoreError::Closed)?;
+        Ok(Ticket(outcome))
+    }
+
+    /// Waits (up to 30 s) until every queued insert is written, then stops the writers.
+    /// Call it once nothing submits any more (the server stopped accepting sends).
+    pub async fn close(&self) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        while (self.queue.capacity() < self.queue.max_capacity() || self.busy.load(Ordering::SeqCst) > 0)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        for handle in std::mem::take(&mut *self.writers.lock().unwrap_or_else(|p| p.into_inner())) {
+            handle.abort();
         }
     }
 }
@@ -79,13 +107,20 @@ async fn write_batches(
     database: Database,
     receiver: Arc<Mutex<mpsc::Receiver<Pending>>>,
     max_batch: usize,
+    busy: Arc<AtomicUsize>,
 ) {
     let mut batch = Vec::with_capacity(max_batch);
     loop {
         // While this writer holds the receiver, the other writers are writing their batches;
         // whatever arrives meanwhile is gathered into the next one.
-        let received = receiver.lock().await.recv_many(&mut batch, max_batch).await;
+        let received = {
+            let mut receiver = receiver.lock().await;
+            let received = receiver.recv_many(&mut batch, max_batch).await;
+            busy.fetch_add(1, Ordering::SeqCst); // before the queue looks empty to close()
+            received
+        };
         if received == 0 {
+            busy.fetch_sub(1, Ordering::SeqCst);
             return; // every sender is gone and the queue is drained
         }
         let (messages, waiters): (Vec<NewMessage>, Vec<_>) =
@@ -96,5 +131,6 @@ async fn write_batches(
             // A caller that gave up waiting does not undo the write.
             let _ = waiter.send(result);
         }
+        busy.fetch_sub(1, Ordering::SeqCst);
     }
 }

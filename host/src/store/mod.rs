@@ -8,6 +8,7 @@
 //!
 //! Nothing here knows about WebSockets or the wire protocol.
 
+pub mod conversations;
 pub mod cursors;
 pub mod group_commit;
 pub mod groups;
@@ -128,6 +129,10 @@ pub struct Sql {
     pub remove_route: &'static str,
     pub routes_of_user: &'static str,
     pub drop_node_routes: &'static str,
+    /// Records that a user takes part in a direct conversation (idempotent).
+    pub add_user_conversation: &'static str,
+    /// The direct conversations of a user.
+    pub user_conversations: &'static str,
 }
 
 /// A pool of the configured backend.

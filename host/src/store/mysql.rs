@@ -32,5 +32,7 @@ pub const SQL: Sql = Sql {
     upsert_route: "INSERT INTO route_info (user_id, device_id, node_id, connection_id, connected_at_ms) VALUES (?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE node_id = VALUES(node_id), connection_id = VALUES(connection_id), connected_at_ms = VALUES(connected_at_ms)",
     remove_route: "DELETE FROM route_info WHERE user_id = ? AND device_id = ? AND connection_id = ?",
     routes_of_user: "SELECT user_id, device_id, node_id, connection_id, connected_at_ms FROM route_info WHERE user_id = ? ORDER BY device_id",
+    add_user_conversation: "INSERT INTO user_conversations (user_id, conversation) VALUES (?, ?) ON DUPLICATE KEY UPDATE user_id = user_id",
+    user_conversations: "SELECT conversation FROM user_conversations WHERE user_id = ? ORDER BY conversation",
     drop_node_routes: "DELETE FROM route_info WHERE node_id = ?",
 };

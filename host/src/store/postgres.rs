@@ -27,5 +27,7 @@ pub const SQL: Sql = Sql {
     upsert_route: "INSERT INTO route_info (user_id, device_id, node_id, connection_id, connected_at_ms) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (user_id, device_id) DO UPDATE SET node_id = EXCLUDED.node_id, connection_id = EXCLUDED.connection_id, connected_at_ms = EXCLUDED.connected_at_ms",
     remove_route: "DELETE FROM route_info WHERE user_id = $1 AND device_id = $2 AND connection_id = $3",
     routes_of_user: "SELECT user_id, device_id, node_id, connection_id, connected_at_ms FROM route_info WHERE user_id = $1 ORDER BY device_id",
+    add_user_conversation: "INSERT INTO user_conversations (user_id, conversation) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+    user_conversations: "SELECT conversation FROM user_conversations WHERE user_id = $1 ORDER BY conversation",
     drop_node_routes: "DELETE FROM route_info WHERE node_id = $1",
 };

@@ -1,0 +1,235 @@
+//! `herald-loadgen`: drives N users in pairs through a Herald server's WebSocket path and
+//! reports throughput and send → deliver latency; with `--compare-relay`, runs the same
+//! load against `herald-relay` and prints the ratio. See `herald_examples::loadgen`.
+
+#![forbid(unsafe_code)]
+#![allow(
+    clippy::print_stdout,
+    reason = "a command-line program reports on stdout"
+)]
+
+use std::{io::IsTerminal as _, path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Parser, ValueEnum};
+use herald_examples::{
+    duration::parse_duration,
+    ids::random_tag,
+    loadgen::{self, LoadConfig, Report, TokenMode, relay_process::RelayProcess},
+    target::check_target,
+};
+use herald_proto::Encoding;
+use serde_json::json;
+
+/// Load generator for Herald: N users in pairs over the real WebSocket path.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// The server's WebSocket URL.
+    #[arg(long, default_value = "ws://127.0.0.1:7070/v1/ws")]
+    url: String,
+    /// Simulated users (even: they pair up).
+    #[arg(long, default_value_t = 1000)]
+    users: usize,
+    /// Total messages per second across all users; 0 = as fast as possible with at most
+    /// --in-flight undelivered messages per user.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Length of the measurement window (e.g. 10s, 500ms, 1m).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Load before the window that is not measured.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Size of each message body in bytes (at least 16).
+    #[arg(long, default_value_t = 64)]
+    body_bytes: usize,
+    /// Messages a user may have in flight (sent, not yet delivered to its partner).
+    #[arg(long, default_value_t = 16)]
+    in_flight: usize,
+    /// Connections opened at once while users connect.
+    #[arg(long, default_value_t = 64)]
+    connect_concurrency: usize,
+    /// Wire encoding (subprotocol herald.v1.proto or herald.v1.json).
+    #[arg(long, value_enum, default_value_t = EncodingArg::Proto)]
+    encoding: EncodingArg,
+    /// How users get tokens: `dev` sends `dev:<user>` (server in --dev mode).
+    #[arg(long, value_enum, default_value_t = TokenModeArg::Dev)]
+    token_mode: TokenModeArg,
+    /// User ids are <prefix>-<n>; random per run by default.
+    #[arg(long)]
+    user_prefix: Option<String>,
+    /// Device id of every user.
+    #[arg(long, default_value = "loadgen")]
+    device: String,
+    /// Longest wait for in-flight messages after the window.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    drain: Duration,
+    /// Keep every message id and check that each one acknowledged OK was delivered, once.
+    #[arg(long)]
+    verify: bool,
+    /// No progress display (it is also off when stderr is not a terminal).
+    #[arg(long, short)]
+    quiet: bool,
+    /// Allow a URL that is not a loopback address.
+    #[arg(long)]
+    allow_remote: bool,
+    /// Also run the same load against a trivial relay and print the ratio.
+    #[arg(long)]
+    compare_relay: bool,
+    /// Use this running relay for --compare-relay instead of starting herald-relay.
+    #[arg(long)]
+    relay_url: Option<String>,
+    /// The herald-relay executable to start (default: next to this program).
+    #[arg(long)]
+    relay_bin: Option<PathBuf>,
+    /// Name of the main run in the report.
+    #[arg(long, default_value = "herald")]
+    label: String,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum EncodingArg {
+    Proto,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum TokenModeArg {
+    Dev,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("herald-loadgen: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<ExitCode, String> {
+    check_target(&args.url, args.allow_remote).map_err(|e| e.to_string())?;
+    if let Some(url) = &args.relay_url {
+        check_target(url, args.allow_remote).map_err(|e| e.to_string())?;
+    }
+    let config = LoadConfig {
+        label: args.label.clone(),
+        url: args.url.clone(),
+        users: args.users,
+        rate: args.rate,
+        duration: args.duration,
+        warmup: args.warmup,
+        body_bytes: args.body_bytes,
+        in_flight: args.in_flight,
+        connect_concurrency: args.connect_concurrency,
+        encoding: match args.encoding {
+            EncodingArg::Proto => Encoding::Proto,
+            EncodingArg::Json => Encoding::Json,
+        },
+        token_mode: match args.token_mode {
+            TokenModeArg::Dev => TokenMode::Dev,
+        },
+        user_prefix: args
+            .user_prefix
+            .clone()
+            .unwrap_or_else(|| format!("lg-{}", random_tag(6))),
+        device: args.device.clone(),
+        drain_timeout: args.drain,
+        verify: args.verify,
+        progress: !args.quiet && std::io::stderr().is_terminal(),
+        ..LoadConfig::default()
+    };
+
+    // Start the relay first, so a missing binary fails before a long run.
+    let relay = if args.compare_relay && args.relay_url.is_none() {
+        let path = match &args.relay_bin {
+            Some(path) => path.clone(),
+            None => RelayProcess::sibling_path()
+                .ok_or("cannot locate herald-relay; pass --relay-bin")?,
+        };
+        Some(
+            RelayProcess::start(&path)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        None
+    };
+
+    let main_report = loadgen::run(config.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("{}", main_report.to_text());
+
+    let relay_url = args
+        .relay_url
+        .clone()
+        .or_else(|| relay.as_ref().map(|relay| relay.url.clone()));
+    let Some(relay_url) = relay_url.filter(|_| args.compare_relay) else {
+        println!("{}", main_report.to_json());
+        return Ok(exit_code(&[&main_report]));
+    };
+
+    let relay_config = LoadConfig {
+        label: "relay".to_owned(),
+        url: relay_url,
+        user_prefix: format!("lg-{}", random_tag(6)),
+        ..config
+    };
+    let relay_report = loadgen::run(relay_config)
+        .await
+        .map_err(|e| format!("relay run: {e}"))?;
+    drop(relay);
+    println!("{}", relay_report.to_text());
+    let comparison = compare(&main_report, &relay_report);
+    println!("{}", comparison_text(&comparison, &main_report.label));
+    println!(
+        "{}",
+        json!({
+            main_report.label.clone(): main_report.to_json(),
+            "relay": relay_report.to_json(),
+            "ratio": comparison,
+        })
+    );
+    Ok(exit_code(&[&main_report, &relay_report]))
+}
+
+/// Non-zero when a run delivered nothing: the figures would be meaningless.
+fn exit_code(reports: &[&Report]) -> ExitCode {
+    if reports.iter().any(|report| report.counts.delivered == 0) {
+        eprintln!("herald-loadgen: nothing was delivered");
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Main run divided by relay run, for throughput and latency percentiles.
+fn compare(main: &Report, relay: &Report) -> serde_json::Value {
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            ((a / b) * 1000.0).round() / 1000.0
+        } else {
+            0.0
+        }
+    };
+    json!({
+        "delivered_per_s": ratio(main.delivered_per_second(), relay.delivered_per_second()),
+        "latency_p50": ratio(main.latency.p50_us as f64, relay.latency.p50_us as f64),
+        "latency_p99": ratio(main.latency.p99_us as f64, relay.latency.p99_us as f64),
+        "latency_p999": ratio(main.latency.p999_us as f64, relay.latency.p999_us as f64),
+    })
+}
+
+fn comparison_text(comparison: &serde_json::Value, label: &str) -> String {
+    format!(
+        "{label}/relay: throughput x{} | latency p50 x{} p99 x{} p999 x{}",
+        comparison["delivered_per_s"],
+        comparison["latency_p50"],
+        comparison["latency_p99"],
+        comparison["latency_p999"],
+    )
+}

@@ -1,0 +1,136 @@
+//! Per-conversation ordering on the owner node.
+//!
+//! A lane makes "take a seq, take an id, queue for storage" one step per conversation, so
+//! messages reach the group-commit queue in seq order, and releases stored messages to
+//! fan-out strictly in seq order, even when their commits finish out of order. It also
+//! knows the lowest seq still in flight, so `sync` can say how far its answer is complete
+//! without mistaking a not-yet-durable message for a gap.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use dashmap::DashMap;
+
+use crate::model::ConversationId;
+use crate::store::StoredMessage;
+
+/// One conversation's lane.
+#[derive(Default)]
+pub struct Lane {
+    /// Held while allocating a seq and queueing the message.
+    pub admit: tokio::sync::Mutex<()>,
+    /// Held while releasing stored messages to fan-out, so releases go out in order.
+    pub release: tokio::sync::Mutex<()>,
+    /// Messages admitted and not yet released, in seq order.
+    in_flight: Mutex<VecDeque<Slot>>,
+}
+
+struct Slot {
+    seq: u64,
+    state: SlotState,
+}
+
+enum SlotState {
+    Pending,
+    Stored(Arc<StoredMessage>),
+    Failed,
+}
+
+impl Lane {
+    /// Records that `seq` was admitted (call while holding `admit`).
+    pub fn admitted(&self, seq: u64) {
+        self.slots().push_back(Slot { seq, state: SlotState::Pending });
+    }
+
+    /// Records how `seq` ended: stored (`Some`) or failed (`None`).
+    pub fn finished(&self, seq: u64, stored: Option<Arc<StoredMessage>>) {
+        let mut slots = self.slots();
+        if let Some(slot) = slots.iter_mut().find(|slot| slot.seq == seq) {
+            slot.state = stored.map_or(SlotState::Failed, SlotState::Stored);
+        }
+    }
+
+    /// Takes the stored messages at the head of the lane, in seq order, up to the first one
+    /// still pending (call while holding `release`).
+    pub fn releasable(&self) -> Vec<Arc<StoredMessage>> {
+        let mut slots = self.slots();
+        let mut out = Vec::new();
+        while let Some(front) = slots.front() {
+            match &front.state {
+                SlotState::Pending => break,
+                SlotState::Stored(message) => out.push(Arc::clone(message)),
+                SlotState::Failed => {}
+            }
+            slots.pop_front();
+        }
+        out
+    }
+
+    /// The lowest seq admitted but not yet durable (or failed), if any.
+    pub fn lowest_in_flight(&self) -> Option<u64> {
+        self.slots().iter().find(|slot| matches!(slot.state, SlotState::Pending)).map(|slot| slot.seq)
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, VecDeque<Slot>> {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Every conversation's lane on this node.
+#[derive(Default)]
+pub struct Lanes {
+    lanes: DashMap<ConversationId, Arc<Lane>, foldhash::fast::RandomState>,
+}
+
+impl Lanes {
+    /// The lane of `conversation`, made on first use.
+    pub fn get(&self, conversation: &ConversationId) -> Arc<Lane> {
+        if let Some(lane) = self.lanes.get(conversation) {
+            return Arc::clone(&lane);
+        }
+        Arc::clone(&self.lanes.entry(conversation.clone()).or_default())
+    }
+
+    /// The lowest seq of `conversation` still in flight, if any.
+    pub fn lowest_in_flight(&self, conversation: &ConversationId) -> Option<u64> {
+        self.lanes.get(conversation).and_then(|lane| lane.lowest_in_flight())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(seq: u64) -> Option<Arc<StoredMessage>> {
+        Some(Arc::new(StoredMessage {
+            id: seq,
+            conversation: "dm:a:b".into(),
+            seq,
+            sender: "a".into(),
+            sender_device: "d".into(),
+            client_msg_id: String::new(),
+            kind: 0,
+            body: Vec::new(),
+            sent_at_ms: 0,
+        }))
+    }
+
+    #[test]
+    fn releases_in_seq_order_whatever_order_commits_finish() {
+        let lane = Lane::default();
+        for seq in [4, 5, 6, 7] {
+            lane.admitted(seq);
+        }
+        lane.finished(6, stored(6));
+        assert!(lane.releasable().is_empty(), "4 is still pending");
+        assert_eq!(lane.lowest_in_flight(), Some(4));
+        lane.finished(5, None);
+        lane.finished(4, stored(4));
+        let seqs: Vec<u64> = lane.releasable().iter().map(|m| m.seq).collect();
+        assert_eq!(seqs, vec![4, 6], "failed 5 is skipped, 7 still pending");
+        assert_eq!(lane.lowest_in_flight(), Some(7));
+        lane.finished(7, stored(7));
+        assert_eq!(lane.releasable().len(), 1);
+        assert_eq!(lane.lowest_in_flight(), None);
+    }
+}
