@@ -26,3 +26,12 @@ build_plugins() {
     cargo build --manifest-path plugins/Cargo.toml --target wasm32-wasip2 $flag >&2 \
         || die "building the plugins failed"
 }
+
+# Headless Chromium drives the web page test; Debian's package, installed when missing.
+ensure_chromium() {
+    [ -n "${HERALD_TEST_CHROMIUM:-}" ] && return 0
+    command -v chromium >/dev/null 2>&1 && return 0
+    say "installing Debian's chromium (the web chat page is tested in a real browser)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >&2 \
+        || die "could not install chromium; install it (apt-get install -y chromium) or set HERALD_TEST_CHROMIUM"
+}

@@ -9,16 +9,16 @@ cd "$(dirname "$0")/.."
 
 data_dir=${HERALD_DATA_DIR:-herald-data}
 build_plugins release
-if [ -d plugins/target/wasm32-wasip2/release ]; then
-    mkdir -p "$data_dir/plugins"
-    for wasm in plugins/target/wasm32-wasip2/release/*.wasm; do
-        [ -e "$wasm" ] || continue
-        cp "$wasm" "$data_dir/plugins/"
-        # A plugin's manifest (name, hooks, config) sits beside it, when it has one.
-        manifest="plugins/$(basename "$wasm" .wasm | tr _ -)/herald-plugin.toml"
-        [ -f "$manifest" ] && cp "$manifest" "$data_dir/plugins/$(basename "$wasm" .wasm).toml"
-    done
-fi
+# Install each first-party plugin as <name>.wasm with its manifest beside it as <name>.toml.
+mkdir -p "$data_dir/plugins"
+for manifest in plugins/*/plugin.toml; do
+    [ -e "$manifest" ] || continue
+    name=$(basename "$(dirname "$manifest")")
+    wasm="plugins/target/wasm32-wasip2/release/$(echo "$name" | tr - _).wasm"
+    [ -f "$wasm" ] || die "plugin $name was not built ($wasm missing)"
+    cp "$wasm" "$data_dir/plugins/$name.wasm"
+    cp "$manifest" "$data_dir/plugins/$name.toml"
+done
 say "building herald"
 cargo build --release --locked -p herald-host --bin herald >&2
 say "starting herald (embedded mode, dev) on http://127.0.0.1:7070 — Ctrl-C stops it"

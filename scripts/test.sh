@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 
 ensure_services
 ensure_wasm_target
+ensure_chromium
 build_plugins debug
 
 say "clippy (warnings are errors)"

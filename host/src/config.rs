@@ -164,7 +164,10 @@ pub struct StorageConfig {
     pub sqlite_synchronous: SqliteSynchronous,
     /// SQLite page cache per connection, in MiB.
     pub sqlite_cache_mib: u32,
-    /// SQLite checkpoints the WAL into the database once it holds this many pages (4 KiB).
+    /// SQLite copies the WAL into the database in the background this often, in ms.
+    pub sqlite_checkpoint_ms: u64,
+    /// Backstop: a commit checkpoints by itself once the WAL holds this many 4 KiB pages
+    /// (only when the background checkpoints fall behind).
     pub sqlite_wal_autocheckpoint_pages: u32,
     /// Group commit of message inserts.
     pub group_commit: GroupCommitConfig,
@@ -178,7 +181,8 @@ impl Default for StorageConfig {
             connect_timeout: Duration::from_secs(5),
             sqlite_synchronous: SqliteSynchronous::Full,
             sqlite_cache_mib: 64,
-            sqlite_wal_autocheckpoint_pages: 16_384,
+            sqlite_checkpoint_ms: 1_000,
+            sqlite_wal_autocheckpoint_pages: 65_536,
             group_commit: GroupCommitConfig::default(),
         }
     }

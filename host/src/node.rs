@@ -100,6 +100,7 @@ impl Node {
             known_direct: DashSet::new(),
         });
         tokio::spawn(Arc::clone(&delivery).flush_cursors_periodically());
+        tokio::spawn(database.clone().checkpoint_periodically(Duration::from_millis(config.storage.sqlite_checkpoint_ms.max(10))));
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(5));
             loop {

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -46,6 +47,13 @@ pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
     let app = api::router(Arc::clone(&node));
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
+        // Frames are small and latency matters: no Nagle delay (it would hold a deliver
+        // back until the client's delayed ACK, ~40 ms).
+        let listener = listener.tap_io(|tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::warn!(%error, "cannot set TCP_NODELAY");
+            }
+        });
         axum::serve(listener, app.into_make_service())
             .with_graceful_shutdown(async move {
                 let _ = stopped.wait_for(|stop| *stop).await;

@@ -97,7 +97,7 @@ impl Delivery {
             };
             for route in routes.into_iter().filter(|route| route.node == self.node_id) {
                 let Some(connection) = self.connections.get(route.connection) else { continue };
-                if connection.is_live() && !is_own(&connection, &message) {
+                if connection.is_live() && !is_own(&connection, &message) && connection.claim_push(&conversation, message.seq) {
                     self.push_tracked(&connection, &conversation, wire.clone(), 1);
                 }
             }

@@ -74,11 +74,23 @@ impl Delivery {
             Err(error) => {
                 tracing::warn!(%error, "backfill: storage unavailable; the device can sync");
                 connection.set_live();
+                connection.end_claims();
                 return;
             }
         };
         let mut positions = conversations;
-        for _pass in 0..2 {
+        for pass in 0..2 {
+            if pass == 1 {
+                // Open the connection to live pushes, then look again — conversations too,
+                // since one may have started while the first pass ran — for anything
+                // stored before live pushes reached this connection.
+                connection.set_live();
+                if let Ok(now) = self.device_conversations(&connection.user, &connection.device).await {
+                    for (conversation, cursor) in now {
+                        positions.entry(conversation).or_insert(cursor);
+                    }
+                }
+            }
             for (conversation, position) in &mut positions {
                 let messages = match self.database.messages_after(conversation, *position, self.config.backfill_limit).await {
                     Ok(messages) => messages,
@@ -89,8 +101,9 @@ impl Delivery {
                 };
                 for message in messages {
                     *position = message.seq;
-                    if message.sender == connection.user.as_str() && message.sender_device == connection.device.as_str() {
-                        continue;
+                    let own = message.sender == connection.user.as_str() && message.sender_device == connection.device.as_str();
+                    if own || !connection.claim_push(conversation, message.seq) {
+                        continue; // the device has it, or it was pushed live already
                     }
                     let frame = v1::Frame::new(0, v1::Deliver { message: Some(wire_message(&message)), attempt: 1 });
                     if !connection.push_waiting(frame).await {
@@ -99,10 +112,8 @@ impl Delivery {
                     self.schedule_retry(Arc::clone(&connection), conversation.clone(), wire_message(&message), 1);
                 }
             }
-            // After the first pass, open the connection to live pushes, then read once more
-            // for anything stored while the first pass ran.
-            connection.set_live();
         }
+        connection.end_claims();
     }
 
     /// Answers `sync`: what follows each cursor, and how far each answer is complete.

@@ -5,7 +5,7 @@
 //! queues); a queue that overflows closes the connection with 4008 rather than growing or
 //! blocking the caller, so one slow client can never stall delivery to others.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -46,6 +46,9 @@ pub struct Connection {
     live: AtomicBool,
     /// Highest seq the device acked, per conversation (acks are cumulative).
     acked: Mutex<HashMap<ConversationId, u64>>,
+    /// While backfill and live pushes overlap: what was pushed, so neither pushes a
+    /// message the other already did. `None` outside that window.
+    claimed: Mutex<Option<HashSet<(ConversationId, u64)>>>,
 }
 
 impl Connection {
@@ -60,6 +63,7 @@ impl Connection {
             closed: watch::Sender::new(false),
             live: AtomicBool::new(false),
             acked: Mutex::new(HashMap::new()),
+            claimed: Mutex::new(Some(HashSet::new())),
         }
     }
 
@@ -131,6 +135,20 @@ impl Connection {
         let moved = seq > *position;
         *position = (*position).max(seq);
         moved
+    }
+
+    /// Claims the first push of `seq` of `conversation`: false if backfill or live push
+    /// already pushed it while the two overlap.
+    pub fn claim_push(&self, conversation: &ConversationId, seq: u64) -> bool {
+        match self.claimed.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(claimed) => claimed.insert((conversation.clone(), seq)),
+            None => true,
+        }
+    }
+
+    /// Backfill is over: live pushes no longer need claiming.
+    pub fn end_claims(&self) {
+        *self.claimed.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// The highest seq of `conversation` this connection acked.

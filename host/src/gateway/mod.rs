@@ -283,7 +283,7 @@ async fn write_loop(
         let outgoing = tokio::select! {
             biased;
             (code, reason) = connection.close_requested() => {
-                let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
+                let _ = sink.send(close_message(code, &reason)).await;
                 let _ = sink.close().await;
                 return;
             }
@@ -312,8 +312,17 @@ async fn write_loop(
 }
 
 async fn close_now(sink: &mut SplitSink<WebSocket, Message>, code: u16, reason: String) {
-    let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
+    let _ = sink.send(close_message(code, &reason)).await;
     let _ = sink.close().await;
+}
+
+/// A close frame; the reason is cut to fit a control frame (125 bytes, 2 of them the code).
+fn close_message(code: u16, reason: &str) -> Message {
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    Message::Close(Some(CloseFrame { code, reason: reason[..end].into() }))
 }
 
 fn now_ms() -> u64 {

@@ -122,7 +122,12 @@ impl Database {
         // statements small enough for every driver's limit on bound parameters.
         let mut inserted: HashSet<i64> = HashSet::with_capacity(messages.len());
         on_backend!(self.writer, |pool, sql| {
-            let mut transaction = pool.begin().await?;
+            let mut connection = pool.acquire().await?;
+            let durable = self.durable_commits.then_some(()).and(sql.durable_commit_on.zip(sql.durable_commit_off));
+            if let Some((on, _)) = durable {
+                sqlx::query(on).execute(&mut *connection).await?;
+            }
+            let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
             for chunk in messages.chunks(ROWS_PER_STATEMENT) {
                 let mut insert = QueryBuilder::new(sql.insert_messages);
                 insert.push_values(chunk, |mut row, m| {
@@ -153,6 +158,9 @@ impl Database {
                 }
             }
             transaction.commit().await?;
+            if let Some((_, off)) = durable {
+                sqlx::query(off).execute(&mut *connection).await?;
+            }
         });
 
         let mut results = Vec::with_capacity(messages.len());

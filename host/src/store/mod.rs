@@ -114,6 +114,11 @@ pub struct Sql {
     pub lease_select: Option<&'static str>,
     /// Multi-row cursor upsert tail: keeps the larger seq.
     pub upsert_cursors_tail: &'static str,
+    /// Run before a message batch (SQLite: fsync this commit) when commits must be durable.
+    pub durable_commit_on: Option<&'static str>,
+    /// Run after it (SQLite: back to no fsync for other writes; the next durable commit
+    /// flushes the write-ahead log up to itself, and so everything written before it).
+    pub durable_commit_off: Option<&'static str>,
     /// Cursors of one device.
     pub cursors_of_device: &'static str,
     pub insert_group: &'static str,
@@ -178,6 +183,8 @@ pub struct Database {
     /// cache, where rotating writes over a pool makes each connection re-read the pages
     /// another one changed. Elsewhere it is the same pool as `reader`.
     pub writer: Pool,
+    /// Whether message commits must survive power loss (SQLite `synchronous = full`).
+    durable_commits: bool,
 }
 
 impl Database {
@@ -192,19 +199,20 @@ impl Database {
                 let options = SqliteConnectOptions::from_str(url)?
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(match config.sqlite_synchronous {
-                        config::SqliteSynchronous::Full => SqliteSynchronous::Full,
-                        config::SqliteSynchronous::Normal => SqliteSynchronous::Normal,
-                    })
+                    // Only message commits fsync (see `durable_commit_on`): a seq lease, a
+                    // cursor or a membership row written before a durable commit is made
+                    // durable by it, and losing one written after costs nothing but a
+                    // redelivery or a gap.
+                    .synchronous(SqliteSynchronous::Normal)
                     .busy_timeout(Duration::from_secs(10))
                     .foreign_keys(true)
                     // The unique indexes are written at random places; keep their pages
                     // cached rather than re-read from the OS.
                     .pragma("cache_size", format!("-{}", config.sqlite_cache_mib * 1024))
-                    // A group commit dirties hundreds of index pages. Checkpointing after
-                    // every ~4 MiB of WAL would copy them into the database file (and fsync
-                    // it) almost every commit; letting the WAL grow further lets a page
-                    // rewritten by many commits be copied once.
+                    // Checkpoints run in the background (see `checkpoint_periodically`),
+                    // not inside a commit, where copying the WAL into the database and
+                    // fsyncing it would stall every send waiting on that commit. This cap
+                    // is only the backstop for when the background checkpoints fall behind.
                     .pragma("wal_autocheckpoint", config.sqlite_wal_autocheckpoint_pages.to_string());
                 if let Some(parent) = options.get_filename().parent()
                     && !parent.as_os_str().is_empty()
@@ -250,7 +258,8 @@ impl Database {
                 (pool.clone(), pool)
             }
         };
-        Ok(Self { reader, writer })
+        let durable_commits = config.sqlite_synchronous == config::SqliteSynchronous::Full;
+        Ok(Self { reader, writer, durable_commits })
     }
 
     /// Which backend this is.
@@ -279,6 +288,19 @@ impl Database {
             Pool::MySql(_) => MYSQL_MIGRATIONS.iter().count(),
             Pool::Postgres(_) => POSTGRES_MIGRATIONS.iter().count(),
         })
+    }
+
+    /// SQLite only: copies the WAL into the database every `every`, off the commit path
+    /// (`PASSIVE`: it never blocks readers or the writer). Returns at once elsewhere.
+    pub async fn checkpoint_periodically(self, every: Duration) {
+        let Pool::Sqlite(pool) = &self.reader else { return };
+        let mut ticks = tokio::time::interval(every);
+        loop {
+            ticks.tick().await;
+            if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(pool).await {
+                tracing::warn!(%error, "WAL checkpoint failed");
+            }
+        }
     }
 
     /// Whether the database answers a trivial query (for `/readyz`).

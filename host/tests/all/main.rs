@@ -4,5 +4,6 @@
 
 mod allocator;
 mod cli;
+mod messaging;
 mod storage;
 mod support;

@@ -1,0 +1,90 @@
+//! Hook call overhead through the whole runtime, printed as percentiles.
+//!
+//! `cargo bench -p herald-plugin-runtime --bench hooks`
+//!
+//! * `message-policy, pooled`: pool checkout, epoch deadline, call into the component (one
+//!   record lowered, one KV read through the host import), result lifted, instance returned.
+//! * `message-policy, empty pool`: the same with the pool drained first, so every call
+//!   instantiates a fresh instance (store, WASI context, instance, export lookup).
+//!
+//! The guest is `tests/guests/echo` (one `kv::get` per message), built for wasm32-wasip2
+//! into `target/plugin-guests` by this bench.
+#![allow(clippy::print_stdout, clippy::unwrap_used, missing_docs)]
+
+use hdrhistogram::Histogram;
+use herald_plugin_runtime::{PluginHost, PluginHostConfig, types::Message};
+use std::{path::Path, process::Command, time::Instant};
+
+fn build_guests() -> std::path::PathBuf {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = crate_dir.join("../../target/plugin-guests");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
+        .arg(crate_dir.join("tests/guests/Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .status()
+        .expect("running cargo");
+    assert!(status.success(), "building the guest plugins failed");
+    target.join("wasm32-wasip2/release")
+}
+
+fn report(name: &str, h: &Histogram<u64>) {
+    println!(
+        "{name:<34} n={:<7} p50={:>7.2} µs  p90={:>7.2} µs  p99={:>7.2} µs  p99.9={:>7.2} µs  max={:>8.2} µs",
+        h.len(),
+        h.value_at_quantile(0.50) as f64 / 1000.0,
+        h.value_at_quantile(0.90) as f64 / 1000.0,
+        h.value_at_quantile(0.99) as f64 / 1000.0,
+        h.value_at_quantile(0.999) as f64 / 1000.0,
+        h.max() as f64 / 1000.0,
+    );
+}
+
+fn main() {
+    // `cargo test --benches` runs benches with `--test`; stay quick then.
+    let quick = std::env::args().any(|a| a == "--test");
+    let guests = build_guests();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(guests.join("echo_v1.wasm"), dir.path().join("echo.wasm")).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let host = PluginHost::embedded(PluginHostConfig::default()).unwrap();
+    rt.block_on(host.load_dir(dir.path())).unwrap();
+    let message = Message {
+        sender: "alice".into(),
+        sender_device: "phone".into(),
+        conversation: "room:lobby".into(),
+        kind: 1,
+        body: b"hello, world".to_vec(),
+        client_msg_id: "00000000-0000-4000-8000-000000000001".into(),
+    };
+    let (warm, pooled, cold) = if quick { (10, 100, 20) } else { (20_000, 200_000, 5_000) };
+
+    rt.block_on(async {
+        for _ in 0..warm {
+            host.message_policy(&message).await;
+        }
+        let mut h = Histogram::<u64>::new(3).unwrap();
+        for _ in 0..pooled {
+            let t = Instant::now();
+            let d = host.message_policy(&message).await;
+            h.record(t.elapsed().as_nanos() as u64).unwrap();
+            std::hint::black_box(d);
+        }
+        report("message-policy + 1 KV, pooled", &h);
+
+        let mut h = Histogram::<u64>::new(3).unwrap();
+        for _ in 0..cold {
+            host.drain_pool("echo");
+            let t = Instant::now();
+            let d = host.message_policy(&message).await;
+            h.record(t.elapsed().as_nanos() as u64).unwrap();
+            std::hint::black_box(d);
+        }
+        report("message-policy, empty pool", &h);
+    });
+    let s = host.plugin_status("echo").unwrap();
+    println!("status: calls={} failures={} p99={:?} µs", s.calls, s.failures, s.p99_call_us);
+}

@@ -1,0 +1,324 @@
+//! Helpers behind `herald plugin check FILE.wasm` and `herald plugin new NAME`.
+
+use crate::{
+    CONTRACT_VERSION,
+    config::{Hook, PluginHostConfig},
+    error::PluginError,
+    host::PluginHost,
+    plugin::{Input, Output, Plugin, Source},
+    types::{Announcement, CommandKind, ConnectRequest, Health, Message, RouteRequest},
+};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// One hook run on sample input.
+#[derive(Debug, Clone, Serialize)]
+pub struct SampleRun {
+    /// The hook.
+    pub hook: Hook,
+    /// The input, as debug text.
+    pub input: String,
+    /// The decision (debug text), or why the call failed.
+    pub outcome: Result<String, String>,
+}
+
+/// What `herald plugin check` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckReport {
+    /// The plugin's name (file stem).
+    pub name: String,
+    /// Manifest version, `0.0.0` without a manifest.
+    pub version: String,
+    /// The `herald:plugin` contract version it was built for.
+    pub contract_version: String,
+    /// `sha256:<hex>` of the component.
+    pub content_hash: String,
+    /// Exported hooks.
+    pub hooks: Vec<Hook>,
+    /// Everything it imports.
+    pub imports: Vec<String>,
+    /// Each hook run once.
+    pub samples: Vec<SampleRun>,
+}
+
+fn sample_message() -> Message {
+    Message {
+        sender: "alice".into(),
+        sender_device: "phone".into(),
+        conversation: "room:lobby".into(),
+        kind: 1,
+        body: b"hello".to_vec(),
+        client_msg_id: "00000000-0000-4000-8000-000000000001".into(),
+    }
+}
+
+/// Loads the plugin at `path` (with its `NAME.toml` if present) in a throwaway embedded
+/// runtime, checks it against the contract and runs each hook once on sample input.
+///
+/// # Errors
+/// The load error: unreadable file, bad manifest, wrong contract version, forbidden import,
+/// no hooks, hooks differing from the manifest, or a failed instantiation.
+pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
+    let host = PluginHost::embedded(PluginHostConfig::default())?;
+    let file = path.as_ref().to_path_buf();
+    let source = tokio::task::spawn_blocking(move || Source::read(file))
+        .await
+        .map_err(|e| PluginError::Task(e.to_string()))??;
+    let plugin = Plugin::load(&host.inner.runtime, source, &host.inner.deps).await?;
+    let message = sample_message();
+    let announcement = Announcement {
+        room: "room:lobby".into(),
+        announcement_id: Some("check-1".into()),
+        sender: Some("game-server".into()),
+        content: "Server restarts in 5 minutes".into(),
+    };
+    let route = RouteRequest { command: CommandKind::Send, user: "alice".into(), conversation: Some("room:lobby".into()) };
+    let health = Health {
+        connections: 1_000,
+        send_queue_depth_p99: 2,
+        send_queue_depth_max: 10,
+        store_latency_p99_ms: 5,
+        redelivery_ratio: 0.01,
+        cpu_load: 0.3,
+        errors_per_second: 0.0,
+    };
+    let connect = ConnectRequest {
+        user: "alice".into(),
+        device: "phone".into(),
+        claims: vec![("sub".into(), "alice".into())],
+    };
+    let mut samples = Vec::new();
+    for hook in plugin.hooks.clone() {
+        let (input, text) = match hook {
+            Hook::MessagePolicy => (Input::Message(&message), format!("{message:?}")),
+            Hook::AnnouncePolicy => (Input::Announcement(&announcement), format!("{announcement:?}")),
+            Hook::RouteKey => (Input::Route(&route), format!("{route:?}")),
+            Hook::Degrade => (Input::Health(&health), format!("{health:?}")),
+            Hook::Connect => (Input::Connect(&connect), format!("{connect:?}")),
+        };
+        let outcome = match plugin.invoke(input).await {
+            Ok(Output::Message(d)) => Ok(format!("{d:?}")),
+            Ok(Output::Announcement(d)) => Ok(format!("{d:?}")),
+            Ok(Output::Route(d)) => Ok(format!("{d:?}")),
+            Ok(Output::Tier(d)) => Ok(format!("{d:?}")),
+            Ok(Output::Connect(d)) => Ok(format!("{d:?}")),
+            Err(f) => Err(f.message),
+        };
+        samples.push(SampleRun { hook, input: text, outcome });
+    }
+    Ok(CheckReport {
+        name: plugin.name.to_string(),
+        version: plugin.settings.version.clone(),
+        contract_version: CONTRACT_VERSION.to_owned(),
+        content_hash: plugin.content_hash.clone(),
+        hooks: plugin.hooks.clone(),
+        imports: plugin.imports.clone(),
+        samples,
+    })
+}
+
+/// Where a scaffolded plugin gets `herald-sdk` from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SdkDependency {
+    /// A local checkout's `sdk/` folder.
+    Path(PathBuf),
+    /// A git repository holding the Herald workspace.
+    Git {
+        /// Clone URL.
+        url: String,
+        /// Branch, tag or commit; the default branch when `None`.
+        rev: Option<String>,
+    },
+    /// A registry version requirement.
+    Version(String),
+}
+
+impl SdkDependency {
+    fn toml(&self) -> String {
+        let quote = |s: &str| toml::Value::String(s.to_owned()).to_string();
+        match self {
+            SdkDependency::Path(p) => format!("{{ path = {} }}", quote(&p.to_string_lossy())),
+            SdkDependency::Git { url, rev: Some(rev) } => format!("{{ git = {}, rev = {} }}", quote(url), quote(rev)),
+            SdkDependency::Git { url, rev: None } => format!("{{ git = {} }}", quote(url)),
+            SdkDependency::Version(v) => quote(v),
+        }
+    }
+}
+
+/// Why `scaffold` wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ScaffoldError {
+    /// Not a usable crate/plugin name.
+    #[error("`{0}` is not a valid plugin name: use 1-64 lowercase letters, digits and `-`, starting with a letter")]
+    InvalidName(String),
+    /// The target folder exists.
+    #[error("{0} already exists; choose another name or folder")]
+    Exists(PathBuf),
+    /// Writing failed.
+    #[error("writing {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+const LIB_TEMPLATE: &str = r##"//! {{name}}: a Herald plugin. Build with
+//! `cargo build --target wasm32-wasip2 --release`, then copy
+//! `target/wasm32-wasip2/release/{{crate}}.wasm` and `plugin.toml` into Herald's plugins
+//! folder as `{{name}}.wasm` and `{{name}}.toml`.
+
+use herald_sdk::{
+    MessagePolicy, config, log,
+    types::{Message, MessageDecision, Rejection},
+};
+use serde::Deserialize;
+
+/// The `[config]` table of the manifest.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Settings {
+    /// Words that get a message rejected.
+    blocked_words: Vec<String>,
+}
+
+static SETTINGS: config::Cached<Settings> = config::Cached::new();
+
+struct Plugin;
+
+impl MessagePolicy for Plugin {
+    fn check_message(message: Message) -> MessageDecision {
+        let settings = match SETTINGS.get() {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        let text = String::from_utf8_lossy(&message.body).to_lowercase();
+        if let Some(word) = settings.blocked_words.iter().find(|w| text.contains(w.as_str())) {
+            log::info("blocked a message", &[("sender", &message.sender), ("word", word)]);
+            return MessageDecision::Reject(Rejection {
+                code: "blocked-word".into(),
+                reason: format!("messages may not contain `{word}`"),
+                retry_after_ms: None,
+            });
+        }
+        MessageDecision::Allow
+    }
+}
+
+herald_sdk::export_plugin!(Plugin, hooks: [message_policy]);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use herald_sdk::testkit::{self, FakeHost};
+
+    #[test]
+    fn blocked_words_are_rejected() {
+        let host = FakeHost::new().with_config(r#"blocked_words = ["spam"]"#);
+        let decision = Plugin::check_message(testkit::message("alice", "room:lobby", "buy SPAM now"));
+        assert!(matches!(decision, MessageDecision::Reject(_)));
+        assert_eq!(host.logs().len(), 1);
+        let decision = Plugin::check_message(testkit::message("alice", "room:lobby", "hello"));
+        assert_eq!(decision, MessageDecision::Allow);
+    }
+}
+"##;
+
+/// Writes a new plugin crate `dir/name` (Cargo.toml, src/lib.rs with a tested
+/// message-policy example, and `plugin.toml`) that depends on `herald-sdk` via `sdk`.
+/// Returns the crate folder.
+///
+/// # Errors
+/// [`ScaffoldError`] for a bad name, an existing folder, or a failed write.
+pub fn scaffold(name: &str, dir: impl AsRef<Path>, sdk: &SdkDependency) -> Result<PathBuf, ScaffoldError> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !valid {
+        return Err(ScaffoldError::InvalidName(name.to_owned()));
+    }
+    let root = dir.as_ref().join(name);
+    if root.exists() {
+        return Err(ScaffoldError::Exists(root));
+    }
+    let crate_name = name.replace('-', "_");
+    let cargo = format!(
+        r#"[package]
+name = "{name}"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[lib]
+crate-type = ["cdylib"]
+
+[dependencies]
+herald-sdk = {sdk}
+serde = {{ version = "1", features = ["derive"] }}
+
+# A crate of its own, not a member of an enclosing workspace.
+[workspace]
+
+[profile.release]
+opt-level = "s"
+lto = true
+codegen-units = 1
+panic = "abort"
+strip = "debuginfo"
+"#,
+        sdk = sdk.toml()
+    );
+    let manifest = format!(
+        r#"# Install next to the component as {name}.toml in Herald's plugins folder.
+name = "{name}"
+version = "0.1.0"
+hooks = ["message-policy"]
+order = 100
+
+[failure]
+message-policy = "allow"
+
+[limits]
+deadline_ms = 20
+memory_mib = 8
+
+[config]
+blocked_words = ["spam"]
+"#
+    );
+    let lib = LIB_TEMPLATE.replace("{{name}}", name).replace("{{crate}}", &crate_name);
+    let files = [
+        (root.join("Cargo.toml"), cargo),
+        (root.join("plugin.toml"), manifest),
+        (root.join("src").join("lib.rs"), lib),
+        (root.join(".gitignore"), "/target\n".to_owned()),
+    ];
+    for (path, text) in files {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| ScaffoldError::Io { path: parent.to_path_buf(), source })?;
+        }
+        std::fs::write(&path, text).map_err(|source| ScaffoldError::Io { path, source })?;
+    }
+    Ok(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaffold_refuses_bad_names_and_existing_folders() {
+        let dir = tempfile::tempdir().ok();
+        let dir = dir.as_ref().map_or(Path::new("."), |d| d.path());
+        let sdk = SdkDependency::Version("0.1".into());
+        assert!(matches!(scaffold("Bad Name", dir, &sdk), Err(ScaffoldError::InvalidName(_))));
+        assert!(matches!(scaffold("", dir, &sdk), Err(ScaffoldError::InvalidName(_))));
+        let root = scaffold("my-plugin", dir, &sdk).ok();
+        assert!(root.as_ref().is_some_and(|r| r.join("src/lib.rs").exists()));
+        assert!(matches!(scaffold("my-plugin", dir, &sdk), Err(ScaffoldError::Exists(_))));
+        let cargo = std::fs::read_to_string(dir.join("my-plugin/Cargo.toml")).unwrap_or_default();
+        assert!(cargo.contains("herald-sdk = \"0.1\""), "{cargo}");
+    }
+}

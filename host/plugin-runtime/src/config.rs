@@ -1,0 +1,225 @@
+//! The runtime's configuration: hooks, failure policies, per-plugin limits and the host-wide
+//! knobs (pool size, quarantine, epoch tick). Every knob has a default that suits a laptop
+//! and is documented here; the host's `[plugins]` config section deserializes into
+//! [`PluginHostConfig`].
+
+use serde::{Deserialize, Serialize};
+use std::{collections::BTreeMap, fmt, time::Duration};
+
+/// A hook: one exported interface of the `herald:plugin` contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Hook {
+    /// `message-policy`: allow / reject / rewrite a message.
+    MessagePolicy,
+    /// `announce-policy`: accept / defer / duplicate an announcement, archive or not.
+    AnnouncePolicy,
+    /// `route-key`: the key the ring hashes for a command.
+    RouteKey,
+    /// `degrade`: the delivery tier for a health snapshot.
+    Degrade,
+    /// `connect`: authorize a connection.
+    Connect,
+}
+
+impl Hook {
+    /// Every hook, in contract order.
+    pub const ALL: [Hook; 5] = [Hook::MessagePolicy, Hook::AnnouncePolicy, Hook::RouteKey, Hook::Degrade, Hook::Connect];
+
+    /// The WIT interface name, e.g. `message-policy`.
+    pub fn wit_name(self) -> &'static str {
+        match self {
+            Hook::MessagePolicy => "message-policy",
+            Hook::AnnouncePolicy => "announce-policy",
+            Hook::RouteKey => "route-key",
+            Hook::Degrade => "degrade",
+            Hook::Connect => "connect",
+        }
+    }
+
+    /// The hook whose WIT interface name is `name`.
+    pub fn from_wit_name(name: &str) -> Option<Hook> {
+        Hook::ALL.into_iter().find(|h| h.wit_name() == name)
+    }
+
+    /// Index into per-hook arrays.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.wit_name())
+    }
+}
+
+/// What a hook answers when its plugin fails (trap, timeout, limit) or is quarantined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailurePolicy {
+    /// The permissive answer: message allowed, announcement accepted and archived, tier
+    /// normal, connection allowed. For `route-key` the same as `default`.
+    Allow,
+    /// The restrictive answer: message rejected (`plugin-failed`), announcement deferred
+    /// one second, tier pull-only, connection denied. For `route-key` the same as `default`.
+    Deny,
+    /// The host's built-in default ([`crate::Fallback`]), as if the plugin were absent.
+    #[default]
+    Default,
+}
+
+/// Sandbox limits of one plugin instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Wall time one hook call may take before it is interrupted, ms.
+    pub deadline_ms: u64,
+    /// Linear memory an instance may grow to, MiB.
+    pub memory_mib: u64,
+    /// Elements one table may grow to.
+    pub table_elements: u32,
+    /// Host imports one hook call may make (a plugin calling the host in a tight loop is
+    /// stopped here rather than at its deadline).
+    pub max_host_calls: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { deadline_ms: 50, memory_mib: 16, table_elements: 10_000, max_host_calls: 1_000 }
+    }
+}
+
+impl Limits {
+    /// The per-call deadline.
+    pub fn deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_ms.max(1))
+    }
+
+    /// The memory cap in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        usize::try_from(self.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
+}
+
+/// When a failing plugin is taken out of service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuarantinePolicy {
+    /// Failures within `window_ms` that quarantine the plugin.
+    pub failures: u32,
+    /// The sliding window, ms.
+    pub window_ms: u64,
+    /// How long a quarantine lasts before the plugin is tried again, ms. A reload of the
+    /// plugin ends it at once.
+    pub duration_ms: u64,
+}
+
+impl Default for QuarantinePolicy {
+    fn default() -> Self {
+        Self { failures: 5, window_ms: 60_000, duration_ms: 60_000 }
+    }
+}
+
+/// Operator settings for one plugin, overriding its manifest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginOverride {
+    /// Set false to skip the plugin's file.
+    pub enabled: Option<bool>,
+    /// Position in every hook chain it takes part in (lower first).
+    pub order: Option<i32>,
+    /// Failure policies by hook.
+    pub failure: BTreeMap<Hook, FailurePolicy>,
+    /// Limits, replacing the manifest's.
+    pub limits: Option<Limits>,
+    /// Merged over the manifest's `[config]` table, key by key.
+    pub config: toml::Table,
+}
+
+/// The plugin runtime's configuration (the host's `[plugins]` section).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginHostConfig {
+    /// Limits for plugins whose manifest gives none.
+    pub default_limits: Limits,
+    /// The largest memory cap any plugin may ask for, MiB. Also the address space each
+    /// instance reserves, so it bounds the host's virtual memory per pooled instance.
+    pub max_memory_mib: u64,
+    /// Idle instances kept per plugin. A call takes one (or instantiates a fresh one when
+    /// none is idle) and gives it back unless it failed.
+    pub pool_size: usize,
+    /// How often the epoch advances, ms: the granularity of call deadlines.
+    pub epoch_tick_ms: u64,
+    /// Pre-reserve instance slots (wasmtime's pooling allocator): a fresh instantiation
+    /// reuses a slot instead of mapping memory, several times faster. Costs address space
+    /// (`max_instances` × `max_memory_mib`), not resident memory.
+    pub pooling: bool,
+    /// With `pooling`: instances alive at once across all plugins (idle in pools and in
+    /// flight). A call that needs one more fails and its failure policy answers.
+    pub max_instances: u32,
+    /// Quarantine rule.
+    pub quarantine: QuarantinePolicy,
+    /// Debounce of the plugins-folder watcher, ms.
+    pub watch_debounce_ms: u64,
+    /// Per-plugin overrides, by plugin name.
+    pub plugins: BTreeMap<String, PluginOverride>,
+}
+
+impl Default for PluginHostConfig {
+    fn default() -> Self {
+        Self {
+            default_limits: Limits::default(),
+            max_memory_mib: 64,
+            pool_size: 16,
+            epoch_tick_ms: 5,
+            pooling: true,
+            max_instances: 1_000,
+            quarantine: QuarantinePolicy::default(),
+            watch_debounce_ms: 200,
+            plugins: BTreeMap::new(),
+        }
+    }
+}
+
+impl PluginHostConfig {
+    /// The epoch tick.
+    pub fn epoch_tick(&self) -> Duration {
+        Duration::from_millis(self.epoch_tick_ms.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_config_reads_from_toml_with_defaults() {
+        let cfg: PluginHostConfig = toml::from_str(
+            r#"
+            pool_size = 4
+            [default_limits]
+            deadline_ms = 10
+            [plugins.room-rate-limit]
+            order = 1
+            failure = { message-policy = "deny" }
+            config = { rules = [] }
+            "#,
+        )
+        .unwrap_or_default();
+        assert_eq!(cfg.pool_size, 4);
+        assert_eq!(cfg.default_limits.deadline_ms, 10);
+        assert_eq!(cfg.default_limits.memory_mib, 16);
+        let o = &cfg.plugins["room-rate-limit"];
+        assert_eq!(o.failure.get(&Hook::MessagePolicy), Some(&FailurePolicy::Deny));
+        assert!(o.config.contains_key("rules"));
+    }
+
+    #[test]
+    fn hook_names_round_trip() {
+        for h in Hook::ALL {
+            assert_eq!(Hook::from_wit_name(h.wit_name()), Some(h));
+        }
+        assert_eq!(Hook::from_wit_name("nope"), None);
+    }
+}

@@ -1,0 +1,140 @@
+//! Hot reload: atomic swaps under load, failed versions leave the old one serving, the
+//! folder watcher, unloading.
+
+use crate::support::{TestHost, built, install, message, no_quarantine};
+use herald_plugin_runtime::{PluginState, types::MessageDecision};
+use std::{
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+fn swap_in(dir: &Path, krate: &str) {
+    // Write beside, then rename: the watcher and readers never see half a file.
+    let src = built().guests.join(format!("{}.wasm", krate.replace('-', "_")));
+    let tmp = dir.join("echo.wasm.tmp");
+    std::fs::copy(src, &tmp).expect("copy");
+    std::fs::rename(&tmp, dir.join("echo.wasm")).expect("rename");
+}
+
+async fn version(t: &TestHost) -> MessageDecision {
+    t.host.message_policy(&message("a", "room:x", "version?")).await
+}
+
+fn rewrite(v: &str) -> MessageDecision {
+    MessageDecision::Rewrite(v.as_bytes().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swapping_versions_twenty_times_under_load_loses_no_call() {
+    let t = TestHost::new(no_quarantine());
+    swap_in(t.path(), "echo-v1");
+    t.load().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (host, stop, calls) = (t.host.clone(), stop.clone(), calls.clone());
+        workers.push(tokio::spawn(async move {
+            let mut seen = std::collections::BTreeSet::new();
+            while !stop.load(Ordering::Relaxed) {
+                let d = host.message_policy(&message("a", "room:x", "version?")).await;
+                match &d {
+                    MessageDecision::Rewrite(v) if v == b"echo-v1" || v == b"echo-v2" => {
+                        seen.insert(v.clone());
+                    }
+                    other => return Err(format!("unexpected decision {other:?}")),
+                }
+                calls.fetch_add(1, Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+            Ok(seen)
+        }));
+    }
+    for i in 0..20 {
+        let next = if i % 2 == 0 { "echo-v2" } else { "echo-v1" };
+        swap_in(t.path(), next);
+        t.host.reload_file(t.path().join("echo.wasm")).await.expect("reloading a good version");
+        assert_eq!(version(&t).await, rewrite(next), "swap {i} serves {next}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut seen = std::collections::BTreeSet::new();
+    for w in workers {
+        seen.extend(w.await.expect("worker").expect("every call answered by v1 or v2"));
+    }
+    assert!(calls.load(Ordering::Relaxed) > 20, "load ran: {} calls", calls.load(Ordering::Relaxed));
+    assert_eq!(seen.len(), 2, "both versions answered");
+    let s = t.status("echo");
+    assert_eq!((s.failures, s.state), (0, PluginState::Active));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_fails_to_load_leaves_the_old_one_serving() {
+    let t = TestHost::new(no_quarantine());
+    swap_in(t.path(), "echo-v1");
+    t.load().await;
+    let hash = t.status("echo").content_hash;
+    std::fs::write(t.path().join("echo.wasm"), b"\0asm garbage").expect("write");
+    let err = t.host.reload_file(t.path().join("echo.wasm")).await;
+    assert!(err.is_err_and(|e| e.to_string().contains("not a valid WebAssembly component")));
+    assert_eq!(version(&t).await, rewrite("echo-v1"));
+    let s = t.status("echo");
+    assert_eq!((s.state, s.content_hash.clone()), (PluginState::Active, hash));
+    assert!(s.last_load_error.is_some());
+    swap_in(t.path(), "echo-v2");
+    t.host.reload_file(t.path().join("echo.wasm")).await.expect("reload v2");
+    assert_eq!(version(&t).await, rewrite("echo-v2"));
+    assert_eq!(t.status("echo").last_load_error, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_reloads_changed_files_and_unloads_deleted_ones() {
+    let t = TestHost::new(no_quarantine());
+    swap_in(t.path(), "echo-v1");
+    t.load().await;
+    let _watcher = t.host.watch().expect("watching");
+    swap_in(t.path(), "echo-v2");
+    let mut served = version(&t).await;
+    for _ in 0..200 {
+        if served == rewrite("echo-v2") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        served = version(&t).await;
+    }
+    assert_eq!(served, rewrite("echo-v2"), "the watcher swapped in v2 within 10 s");
+    // A manifest change reloads too.
+    std::fs::write(t.path().join("echo.toml"), "version = \"2.0.0\"").expect("write");
+    for _ in 0..200 {
+        if t.status("echo").version.as_deref() == Some("2.0.0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(t.status("echo").version.as_deref(), Some("2.0.0"));
+    std::fs::remove_file(t.path().join("echo.wasm")).expect("remove");
+    for _ in 0..200 {
+        if t.host.plugin_status("echo").is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(t.host.plugin_status("echo").is_none(), "deleting the file unloads the plugin");
+    assert_eq!(version(&t).await, MessageDecision::Allow, "the built-in default answers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_picks_up_new_files_and_keeps_unchanged_ones() {
+    let t = TestHost::new(no_quarantine());
+    swap_in(t.path(), "echo-v1");
+    t.load().await;
+    assert_eq!(version(&t).await, rewrite("echo-v1"));
+    install(t.path(), "gate", "gate", None);
+    let status = t.host.reload().await.expect("reload");
+    assert_eq!(status.len(), 2);
+    assert_eq!(t.status("echo").calls, 1, "an unchanged plugin keeps its instance and stats");
+}

@@ -1,0 +1,62 @@
+//! Groups managed over HTTP; a group message reaches every member's devices, online now or
+//! later, and membership changes take effect.
+
+use herald_proto::v1::frame::Body;
+
+use super::client::Client;
+use super::server::{DEV_KEY, Herald};
+
+const GROUP: &str = "grp:team";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_message_reaches_every_member_and_membership_changes_apply() {
+    let herald = Herald::start().await;
+    // erin is a member who is offline for now (her device has been seen before).
+    Client::connect(&herald, "erin", "phone").await.close().await;
+    herald.create_group("team", &["alice", "bob", "carol", "erin"]).await;
+
+    let mut alice = Client::connect(&herald, "alice", "laptop").await;
+    let mut bob_phone = Client::connect(&herald, "bob", "phone").await;
+    let mut bob_tablet = Client::connect(&herald, "bob", "tablet").await;
+    let mut carol = Client::connect(&herald, "carol", "phone").await;
+    let mut dave = Client::connect(&herald, "dave", "phone").await;
+
+    let hello = alice.send_ok(GROUP, "hi team").await;
+    assert_eq!(hello.conversation, GROUP);
+    for member in [&mut bob_phone, &mut bob_tablet, &mut carol] {
+        let message = member.deliver_of(hello.message_id).await.message.expect("message");
+        assert_eq!((message.conversation.as_str(), message.seq, message.sender.as_str()), (GROUP, hello.seq, "alice"));
+        assert_eq!(message.body.as_ref(), b"hi team");
+        member.deliver_ack(GROUP, message.seq).await;
+    }
+    dave.send_rejected(GROUP, "can I join?").await;
+
+    // Add dave.
+    let added = herald.request("PUT", "/v1/groups/team/members/dave", Some(DEV_KEY), None).await;
+    assert!(added.is_success(), "PUT member: {added:?}");
+    let from_dave = dave.send_ok(GROUP, "thanks for having me").await;
+    for member in [&mut alice, &mut bob_phone, &mut carol] {
+        member.deliver_of(from_dave.message_id).await;
+    }
+
+    // Remove carol.
+    let removed = herald.request("DELETE", "/v1/groups/team/members/carol", Some(DEV_KEY), None).await;
+    assert!(removed.is_success(), "DELETE member: {removed:?}");
+    carol.send_rejected(GROUP, "am I still in?").await;
+    let after = alice.send_ok(GROUP, "carol has left").await;
+    dave.deliver_of(after.message_id).await;
+    bob_phone.deliver_of(after.message_id).await;
+    let marker = alice.send_ok(&super::dm("alice", "carol"), "marker").await;
+    carol.deliver_of(marker.message_id).await;
+    assert!(
+        !carol.kept().iter().any(|f| matches!(&f.body, Some(Body::Deliver(d)) if d.message.as_ref().is_some_and(|m| m.id == after.message_id))),
+        "carol is no longer a member: {}",
+        carol.unclaimed()
+    );
+
+    // erin comes online and gets the group's messages, in order.
+    let mut erin = Client::connect(&herald, "erin", "phone").await;
+    let backfill = erin.distinct_deliveries(GROUP, 3).await;
+    let ids: Vec<u64> = backfill.iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![hello.message_id, from_dave.message_id, after.message_id], "erin's backfill");
+}

@@ -1,0 +1,332 @@
+//! A real `herald serve --dev` process per test: free loopback port, temporary data dir,
+//! settings through `HERALD_*` environment variables, killed on drop. `kill9` + `restart`
+//! reopen the same data dir, for durability tests. Also a tiny HTTP/1.1 client (raw TCP,
+//! `Connection: close`), enough for PROTOCOL.md's JSON API.
+
+use std::fs::OpenOptions;
+use std::io::Read as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+/// The API key (and admin key) dev mode accepts.
+pub const DEV_KEY: &str = "dev-key";
+
+/// How to start a server.
+#[derive(Debug, Clone)]
+pub struct Options {
+    env: Vec<(String, String)>,
+    dev: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { env: Vec::new(), dev: true }
+    }
+}
+
+impl Options {
+    /// Sets a `HERALD_*` setting, e.g. `("GATEWAY__HEARTBEAT_MS", "200")`.
+    pub fn set(mut self, key: &str, value: impl ToString) -> Self {
+        self.env.push((format!("HERALD_{key}"), value.to_string()));
+        self
+    }
+
+    /// Runs without `--dev` (no `dev:` tokens, no `dev-key`, no `/v1/dev/token`).
+    pub fn production(mut self) -> Self {
+        self.dev = false;
+        self
+    }
+
+    pub async fn start(self) -> Herald {
+        let root = tempfile::tempdir().expect("temp dir for the server");
+        let mut herald = Herald { child: None, port: 0, options: self, root };
+        herald.spawn().await;
+        herald
+    }
+}
+
+/// A running `herald` process.
+pub struct Herald {
+    child: Option<Child>,
+    /// The port it listens on (127.0.0.1).
+    pub port: u16,
+    options: Options,
+    /// Holds `data/` (the data dir, kept across restarts) and `herald.log` (stdout and
+    /// stderr of every run, appended).
+    root: tempfile::TempDir,
+}
+
+impl Herald {
+    /// `herald serve --dev` with default settings.
+    pub async fn start() -> Self {
+        Options::default().start().await
+    }
+
+    pub fn with() -> Options {
+        Options::default()
+    }
+
+    /// `ws://127.0.0.1:<port>/v1/ws`
+    pub fn ws_url(&self) -> String {
+        format!("ws://127.0.0.1:{}/v1/ws", self.port)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.root.path().join("data")
+    }
+
+    /// Where the server's stdout and stderr go (every run appended).
+    pub fn log_path(&self) -> PathBuf {
+        self.root.path().join("herald.log")
+    }
+
+    /// The last lines the server logged, for failure messages.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.log_path())
+    }
+
+    async fn spawn(&mut self) {
+        for _attempt in 0..5 {
+            let port = free_port();
+            let log = OpenOptions::new().create(true).append(true).open(self.log_path()).expect("open the server log");
+            let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+            command.arg("serve");
+            if self.options.dev {
+                command.arg("--dev");
+            }
+            command
+                .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+                .arg(self.data_dir())
+                .env_remove("HERALD_CONFIG")
+                .env("RUST_LOG", std::env::var("HERALD_TEST_SERVER_LOG").unwrap_or_else(|_| "info,sqlx=warn".into()))
+                .envs(self.options.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("clone log handle"))
+                .stderr(log);
+            let child = command.spawn().expect("start herald");
+            self.child = Some(child);
+            self.port = port;
+            match self.wait_healthy().await {
+                Ok(()) => return,
+                Err(exited) => {
+                    let tail = self.log_tail();
+                    if tail.contains("in use") {
+                        continue; // another test took the port between bind and listen
+                    }
+                    panic!("herald did not start ({exited})\n{tail}");
+                }
+            }
+        }
+        panic!("herald could not find a free port in 5 tries\n{}", self.log_tail());
+    }
+
+    async fn wait_healthy(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(format!("exited with {status}"));
+            }
+            if let Ok(response) = http(self.port, "GET", "/healthz", None, None).await
+                && response.status == 200
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err("no 200 from /healthz within 30 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// `kill -9`: no shutdown, no flush — what a power cut looks like to the process.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL herald"); // Child::kill is SIGKILL on Unix
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same data dir (on a new port: read `port` again).
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn().await;
+    }
+
+    /// An HTTP request; panics only if the server does not answer at all.
+    pub async fn request(&self, method: &str, path: &str, auth: Option<&str>, body: Option<&Value>) -> Response {
+        self.request_text(method, path, auth, body.map(Value::to_string)).await
+    }
+
+    /// An HTTP request with a body given as text (which need not be valid JSON).
+    pub async fn request_text(&self, method: &str, path: &str, auth: Option<&str>, body: Option<String>) -> Response {
+        match http(self.port, method, path, auth, body).await {
+            Ok(response) => response,
+            Err(error) => panic!("{method} {path}: no HTTP answer: {error}\n{}", self.log_tail()),
+        }
+    }
+
+    pub async fn get(&self, path: &str, auth: Option<&str>) -> Response {
+        self.request("GET", path, auth, None).await
+    }
+
+    pub async fn post(&self, path: &str, auth: Option<&str>, body: &Value) -> Response {
+        self.request("POST", path, auth, Some(body)).await
+    }
+
+    /// `POST /v1/dev/token {"user"}` → the token.
+    pub async fn dev_token(&self, user: &str) -> String {
+        let response = self.post("/v1/dev/token", None, &serde_json::json!({ "user": user })).await;
+        assert_eq!(response.status, 200, "POST /v1/dev/token: {response:?}\n{}", self.log_tail());
+        response.json()["token"].as_str().map(str::to_owned).unwrap_or_else(|| panic!("no token in {response:?}"))
+    }
+
+    /// `POST /v1/groups {"id","members"}` with the dev api key; the conversation is
+    /// `grp:<id>`.
+    pub async fn create_group(&self, id: &str, members: &[&str]) {
+        let response =
+            self.post("/v1/groups", Some(DEV_KEY), &serde_json::json!({ "id": id, "members": members })).await;
+        assert!(response.is_success(), "POST /v1/groups {id}: {response:?}\n{}", self.log_tail());
+    }
+}
+
+impl Drop for Herald {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// The last lines of a server log, for failure messages.
+pub fn log_tail(path: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(mut file) = std::fs::File::open(path) {
+        let _ = file.read_to_string(&mut text);
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(40);
+    format!("--- herald log (last {} lines) ---\n{}", lines.len() - start, lines[start..].join("\n"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// An HTTP response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    /// Header names lowercased.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON; panics with the body when it is not JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|error| panic!("HTTP {} body is not JSON ({error}): {:?}", self.status, self.body))
+    }
+
+    /// Asserts PROTOCOL.md's error shape `{"error":{"code","message"}}` with both non-empty,
+    /// and returns the code.
+    pub fn error_code(&self) -> String {
+        let json = self.json();
+        let code = json["error"]["code"].as_str().unwrap_or_default().to_owned();
+        let message = json["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            !code.is_empty() && !message.is_empty(),
+            "HTTP {} error body must be {{\"error\":{{\"code\",\"message\"}}}} with both set, got {}",
+            self.status,
+            self.body
+        );
+        code
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection.
+pub async fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+    body: Option<String>,
+) -> Result<Response, String> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+        let payload = body.clone().unwrap_or_default();
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+        if let Some(token) = auth {
+            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        }
+        if body.is_some() {
+            head.push_str("Content-Type: application/json\r\n");
+        }
+        if body.is_some() || matches!(method, "POST" | "PUT") {
+            head.push_str(&format!("Content-Length: {}\r\n", payload.len()));
+        }
+        head.push_str("\r\n");
+        head.push_str(&payload);
+        stream.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.map_err(|e| e.to_string())?;
+        parse_response(&raw)
+    };
+    tokio::time::timeout(Duration::from_secs(15), exchange).await.map_err(|_| "timed out after 15 s".to_owned())?
+}
+
+fn parse_response(raw: &[u8]) -> Result<Response, String> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no end of headers")?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().ok_or("empty response")?;
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    if chunked {
+        body = dechunk(&body)?;
+    }
+    Ok(Response { status, headers, body: String::from_utf8_lossy(&body).into_owned() })
+}
+
+fn dechunk(mut data: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n").ok_or("bad chunk header")?;
+        let size_text = String::from_utf8_lossy(&data[..line_end]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|e| format!("bad chunk size {size_text:?}: {e}"))?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if data.len() < size {
+            return Err("truncated chunk".into());
+        }
+        out.extend_from_slice(&data[..size]);
+        data = data.get(size + 2..).unwrap_or_default();
+    }
+}

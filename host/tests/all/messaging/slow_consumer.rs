@@ -1,0 +1,96 @@
+//! A client that never reads its socket while a lot is sent to it overflows its bounded
+//! send queue and is closed with 4008 — and nobody else on the node notices.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use herald_proto::v1::send_ack::Status;
+use tokio::time::Instant;
+
+use super::client::Client;
+use super::server::{DEV_KEY, Herald};
+use super::{WAIT, dm, uuid};
+
+const SLOW_DEVICE: &str = "never-reads-device";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_consumer_is_closed_with_4008_while_others_see_no_stall() {
+    let herald = Herald::with().set("GATEWAY__SEND_QUEUE", 16).start().await;
+    // From here on `slow` never reads: its socket buffers fill, then its queue.
+    let mut slow = Client::connect(&herald, "slow", SLOW_DEVICE).await;
+    let mut flood = Client::connect(&herald, "flood", "laptop").await;
+    let mut carol = Client::connect(&herald, "carol", "phone").await;
+    let mut dave = Client::connect(&herald, "dave", "phone").await;
+
+    // Meanwhile carol and dave keep chatting; each round trip must finish within WAIT.
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let chat = {
+        let (stop, done) = (stop.clone(), done.clone());
+        tokio::spawn(async move {
+            let conversation = dm("carol", "dave");
+            while !stop.load(Ordering::Relaxed) {
+                let n = done.load(Ordering::Relaxed);
+                let ack = carol.send_ok(&conversation, format!("round trip {n}")).await;
+                let message = dave.deliver_of(ack.message_id).await.message.expect("message");
+                assert_eq!(message.body.as_ref(), format!("round trip {n}").as_bytes());
+                dave.deliver_ack(&conversation, message.seq).await;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            (carol, dave)
+        })
+    };
+
+    // Flood the slow one with 32 KiB messages, 8 at a time (the flooder's own acks must fit
+    // its queue of 16), until the server lets it go (it disappears from presence) or 1000
+    // messages (32 MiB) have gone out.
+    let conversation = dm("flood", "slow");
+    let body = vec![b'x'; 32 * 1024];
+    let mut sent = 0;
+    while sent < 1000 {
+        let ids: Vec<String> = (0..8).map(|_| uuid()).collect();
+        for id in &ids {
+            flood.send_with(id, &conversation, 1, &body).await;
+        }
+        for id in &ids {
+            let ack = flood.ack_of(id).await;
+            assert_eq!(ack.status(), Status::Ok, "the sender is never held back by a slow recipient: {ack:?}");
+        }
+        sent += ids.len();
+        let presence = herald.get("/v1/users/slow/presence", Some(DEV_KEY)).await;
+        if presence.status == 200 && !presence.body.contains(SLOW_DEVICE) {
+            break;
+        }
+    }
+    // While the slow one's socket is still full and unread, the others keep going.
+    let before = done.load(Ordering::Relaxed);
+    let deadline = Instant::now() + WAIT;
+    while done.load(Ordering::Relaxed) < before + 3 {
+        assert!(!chat.is_finished(), "the round-trip task ended early (it panicked: see above)");
+        assert!(Instant::now() < deadline, "carol and dave stalled next to the slow consumer ({before} round trips)");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let closed = slow.expect_closed(WAIT).await;
+    assert_eq!(
+        closed.code,
+        Some(4008),
+        "{}",
+        slow.failure(&format!("after {sent} messages of 32 KiB the slow consumer must be closed with 4008, got {closed:?}"))
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    let (mut carol, mut dave) = chat.await.unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()));
+    // And after it.
+    let ack = carol.send_ok(&dm("carol", "dave"), "after the flood").await;
+    dave.deliver_of(ack.message_id).await;
+    // The slow one reconnects and can pull what it missed.
+    let mut back = Client::connect(&herald, "slow", SLOW_DEVICE).await;
+    let reply = back.sync(&[(&conversation, 0)], 10).await;
+    assert!(
+        reply.conversations.iter().any(|c| c.conversation == conversation && !c.messages.is_empty()),
+        "after reconnecting, sync returns the flood: {} conversations",
+        reply.conversations.len()
+    );
+}

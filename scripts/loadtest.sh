@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The messaging benchmark of issue 3: builds release binaries, starts a fresh embedded
+# Herald (persistence on, dev mode, a temporary data dir), then drives 1,000 connected
+# users in pairs through the real WebSocket path with herald-loadgen:
+#   1. as fast as possible, compared with a trivial relay (no persistence),
+#   2. at a fixed 5,000 msgs/s, for send→deliver latency.
+#
+#   scripts/loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+say "building release binaries"
+cargo build --release --locked -p herald-host --bin herald -p herald-examples >&2
+data=$(mktemp -d)
+port=${HERALD_LOADTEST_PORT:-7099}
+trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$data"' EXIT
+RUST_LOG=warn target/release/herald serve --dev --listen "127.0.0.1:$port" --data-dir "$data" &
+server=$!
+for _ in $(seq 1 100); do
+    curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; load generator on the same box"
+say "1) 1,000 users, as fast as possible, Herald vs a trivial relay"
+target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --duration 10s --compare-relay --quiet "$@"
+say "2) 1,000 users at 5,000 msgs/s"
+target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --compare-relay --quiet "$@"
