@@ -49,6 +49,9 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     /// HTTP API keys.
     pub api: ApiConfig,
+    /// The Wasm plugin runtime: pools, limits, quarantine, and per-plugin overrides under
+    /// `[plugin_runtime.plugins.<name>]` (see `sdk/README.md`).
+    pub plugin_runtime: crate::plugins::PluginHostConfig,
 }
 
 /// `[gateway]`: WebSocket connections.
@@ -143,6 +146,7 @@ impl Default for Config {
             gateway: GatewayConfig::default(),
             delivery: DeliveryConfig::default(),
             api: ApiConfig::default(),
+            plugin_runtime: crate::plugins::PluginHostConfig::default(),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod ids;
 pub mod model;
 pub mod node;
 pub mod pipeline;
+pub mod plugins;
 pub mod routing;
 pub mod server;
 pub mod store;

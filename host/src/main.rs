@@ -26,6 +26,26 @@ enum Command {
     Serve(CommonArgs),
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate(CommonArgs),
+    /// Write or check plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum PluginCommand {
+    /// Load a plugin, list its hooks and contract version, and run each hook once.
+    Check {
+        /// The plugin's .wasm file (its manifest NAME.toml may sit beside it).
+        file: PathBuf,
+    },
+    /// Scaffold a new plugin crate that builds against herald-sdk.
+    New {
+        /// The plugin's name (a crate name, e.g. `word-filter`).
+        name: String,
+        /// Folder to create it in.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
 }
 
 /// Flags shared by every command. Each may also be set in the config file or as a
@@ -94,6 +114,18 @@ async fn run(command: Command) -> anyhow::Result<()> {
             running.shutdown().await;
             Ok(())
         }
+        Command::Plugin(PluginCommand::Check { file }) => {
+            let report = herald_plugin_runtime::check(&file).await?;
+            print_report(&serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        Command::Plugin(PluginCommand::New { name, dir }) => {
+            let sdk = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk");
+            let sdk = herald_plugin_runtime::SdkDependency::Path(sdk.canonicalize().unwrap_or(sdk));
+            let created = herald_plugin_runtime::scaffold(&name, &dir, &sdk)?;
+            eprintln!("herald: created {}; build it with: cargo build --target wasm32-wasip2 --release --manifest-path {}/Cargo.toml", created.display(), created.display());
+            Ok(())
+        }
         Command::Migrate(args) => {
             let config = args.load()?;
             let database = Database::connect(&config.database_url(), &config.storage).await?;
@@ -103,6 +135,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The CLI's answer goes to stdout, where a script can read it.
+#[allow(clippy::print_stdout, reason = "the command's output")]
+fn print_report(text: &str) {
+    println!("{text}");
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -21,6 +21,7 @@ use crate::pipeline::Pipeline;
 use crate::pipeline::dedup::Dedup;
 use crate::pipeline::lanes::Lanes;
 use crate::pipeline::membership::Membership;
+use crate::plugins::Plugins;
 use crate::routing::rooms::Rooms;
 use crate::routing::{MemoryRouteTable, RouteTable};
 use crate::store::{Database, GroupCommitter, StoreError};
@@ -47,6 +48,8 @@ pub struct Node {
     pub membership: Arc<Membership>,
     pub delivery: Arc<Delivery>,
     pub pipeline: Arc<Pipeline>,
+    /// The Wasm plugins and their hot reload.
+    pub plugins: Arc<Plugins>,
     /// Next connection id.
     pub next_connection: AtomicU64,
 }
@@ -66,6 +69,11 @@ impl Node {
         let migrations = database.migrate().await?;
         tracing::info!(backend = ?database.backend(), migrations, "storage ready");
         let committer = GroupCommitter::start(database.clone(), &config.storage.group_commit);
+        let plugins = Arc::new(
+            Plugins::start(config.plugin_runtime.clone(), &config.plugins_dir())
+                .await
+                .map_err(|error| NodeError::Config(format!("plugin runtime: {error}")))?,
+        );
         let ids = Arc::new(SnowflakeGenerator::new(config.node_id).map_err(|e| NodeError::Config(e.to_string()))?);
         let seqs = Arc::new(SeqAllocator::new(Arc::new(database.clone()), config.seq.clone()));
         let clock: Arc<dyn WallClock> = Arc::new(SystemClock);
@@ -98,6 +106,7 @@ impl Node {
             delivery: Arc::clone(&delivery),
             clock: Arc::clone(&clock),
             known_direct: DashSet::new(),
+            plugins: Arc::clone(&plugins.host),
         });
         tokio::spawn(Arc::clone(&delivery).flush_cursors_periodically());
         tokio::spawn(database.clone().checkpoint_periodically(Duration::from_millis(config.storage.sqlite_checkpoint_ms.max(10))));
@@ -121,6 +130,7 @@ impl Node {
             membership,
             delivery,
             pipeline,
+            plugins,
             next_connection: AtomicU64::new(1),
         }))
     }

@@ -3,8 +3,10 @@
 //!
 //! Errors are always `{"error": {"code": "...", "message": "..."}}` with a fitting status.
 
+mod admin;
 mod conversations;
 mod groups;
+mod rooms;
 mod users;
 
 use std::sync::Arc;
@@ -66,7 +68,10 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/users/{user}/presence", get(users::presence))
         .route("/v1/groups", post(groups::create))
         .route("/v1/groups/{id}/members/{user}", put(groups::add_member).delete(groups::remove_member))
-        .route("/v1/conversations/{conversation}/messages", get(conversations::messages));
+        .route("/v1/conversations/{conversation}/messages", get(conversations::messages))
+        .route("/v1/rooms/{name}/announcements", post(rooms::announce))
+        .route("/admin/plugins", get(admin::plugins))
+        .route("/admin/plugins/reload", post(admin::reload));
     if node.config.dev {
         router = router.route("/", get(|| async { Html(WEB_PAGE) }));
     }

@@ -62,6 +62,10 @@ async fn serve_socket(node: Arc<Node>, socket: WebSocket) {
         Ok(identity) => identity,
         Err((code, reason)) => return close_now(&mut sink, code, reason).await,
     };
+    let user = match authorize(&node, user, &device).await {
+        Ok(user) => user,
+        Err((code, reason)) => return close_now(&mut sink, code, reason).await,
+    };
     let (outbox, queued) = mpsc::channel(node.config.gateway.send_queue);
     let id = node.next_connection.fetch_add(1, Ordering::Relaxed);
     let connection = Arc::new(Connection::new(id, user, device, outbox));
@@ -94,6 +98,18 @@ fn authenticate(node: &Node, connect: &v1::Connect) -> Result<(crate::model::Use
     let user = node.auth.authenticate(&connect.token).map_err(|error| (close::BAD_TOKEN, error.to_string()))?;
     let device = DeviceId::parse(&connect.device_id).map_err(|error| (close::PROTOCOL_ERROR, error.to_string()))?;
     Ok((user, device))
+}
+
+/// The connect hook: may refuse the connection (4003) or replace its user id.
+async fn authorize(node: &Node, user: crate::model::UserId, device: &DeviceId) -> Result<crate::model::UserId, Stop> {
+    use crate::plugins::types::{ConnectDecision, ConnectRequest};
+    let request = ConnectRequest { user: user.to_string(), device: device.to_string(), claims: Vec::new() };
+    match node.plugins.host.connect(&request).await {
+        ConnectDecision::Allow(None) => Ok(user),
+        ConnectDecision::Allow(Some(replacement)) => crate::model::UserId::parse(&replacement)
+            .map_err(|error| (close::NOT_ALLOWED, format!("the connect hook gave an invalid user id: {error}"))),
+        ConnectDecision::Deny(reason) => Err((close::NOT_ALLOWED, reason)),
+    }
 }
 
 /// Registers the connection, starts its writer, sends `connected`, kicks an older

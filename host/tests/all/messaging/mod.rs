@@ -26,6 +26,7 @@ mod gateway;
 mod groups;
 mod heartbeat;
 mod http;
+mod plugins;
 mod rooms;
 mod slow_consumer;
 mod sync;
