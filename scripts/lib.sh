@@ -35,3 +35,19 @@ ensure_chromium() {
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >&2 \
         || die "could not install chromium; install it (apt-get install -y chromium) or set HERALD_TEST_CHROMIUM"
 }
+
+# Installs each built first-party plugin into DIR as <name>.wasm, its manifest beside it as
+# <name>.toml (the layout the node loads and hot-reloads).
+install_plugins() {
+    local dir=$1 profile=${2:-release}
+    mkdir -p "$dir"
+    for manifest in plugins/*/plugin.toml; do
+        [ -e "$manifest" ] || continue
+        local name wasm
+        name=$(basename "$(dirname "$manifest")")
+        wasm="plugins/target/wasm32-wasip2/$profile/$(echo "$name" | tr - _).wasm"
+        [ -f "$wasm" ] || die "plugin $name was not built ($wasm missing)"
+        cp "$wasm" "$dir/$name.wasm"
+        cp "$manifest" "$dir/$name.toml"
+    done
+}

@@ -6,6 +6,7 @@
 #   2. at a fixed 5,000 msgs/s, for send→deliver latency.
 #
 #   scripts/loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
+#   HERALD_LOADTEST_PLUGINS=1 scripts/loadtest.sh     # the same with all four first-party plugins loaded
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -13,6 +14,11 @@ cd "$(dirname "$0")/.."
 say "building release binaries"
 cargo build --release --locked -p herald-host --bin herald -p herald-examples >&2
 data=$(mktemp -d)
+if [ "${HERALD_LOADTEST_PLUGINS:-0}" = 1 ]; then
+    build_plugins release
+    install_plugins "$data/plugins"
+    say "first-party plugins loaded: $(ls "$data/plugins" | grep -c wasm)"
+fi
 port=${HERALD_LOADTEST_PORT:-7099}
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$data"' EXIT
 RUST_LOG=warn target/release/herald serve --dev --listen "127.0.0.1:$port" --data-dir "$data" &

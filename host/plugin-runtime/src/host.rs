@@ -332,6 +332,11 @@ impl PluginHost {
     }
 
     /// Names of the plugins serving `hook`, in chain order.
+    /// Whether any loaded plugin implements `hook` (lets callers skip building its input).
+    pub fn has_hook(&self, hook: Hook) -> bool {
+        !self.inner.registry.load().chains[hook.index()].is_empty()
+    }
+
     pub fn chain(&self, hook: Hook) -> Vec<String> {
         self.inner.registry.load().chains[hook.index()].iter().map(|p| p.name.to_string()).collect()
     }

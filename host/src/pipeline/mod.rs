@@ -21,7 +21,7 @@ use crate::delivery::Delivery;
 use crate::gateway::connection::Connection;
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
 use crate::model::{ClientMsgId, ConversationId, ConversationKind};
-use crate::plugins::PluginHost;
+use crate::plugins::{Hook, PluginHost};
 use crate::plugins::types::{Message as HookMessage, MessageDecision};
 use crate::model::{DeviceId, UserId};
 use crate::store::group_commit::Ticket;
@@ -144,22 +144,24 @@ impl Pipeline {
             Admission::Done(ack(Status::Retry, &send, reason))
         };
         let mut body = send.body.clone();
-        let hook_input = HookMessage {
-            sender: connection.user.to_string(),
-            sender_device: connection.device.to_string(),
-            conversation: conversation.to_string(),
-            kind: send.kind,
-            body: body.to_vec(),
-            client_msg_id: client_msg_id.as_str().to_owned(),
-        };
-        match self.plugins.message_policy(&hook_input).await {
-            MessageDecision::Allow => {}
-            MessageDecision::Rewrite(rewritten) => body = rewritten.into(),
-            MessageDecision::Reject(rejection) => {
-                self.dedup.cancel(&connection.user, &client_msg_id);
-                let mut refused = ack(Status::Rejected, &send, format!("{}: {}", rejection.code, rejection.reason));
-                refused.retry_after_ms = rejection.retry_after_ms.map_or(0, |ms| u32::try_from(ms).unwrap_or(u32::MAX));
-                return Admission::Done(refused);
+        if self.plugins.has_hook(Hook::MessagePolicy) {
+            let hook_input = HookMessage {
+                sender: connection.user.to_string(),
+                sender_device: connection.device.to_string(),
+                conversation: conversation.to_string(),
+                kind: send.kind,
+                body: body.to_vec(),
+                client_msg_id: client_msg_id.as_str().to_owned(),
+            };
+            match self.plugins.message_policy(&hook_input).await {
+                MessageDecision::Allow => {}
+                MessageDecision::Rewrite(rewritten) => body = rewritten.into(),
+                MessageDecision::Reject(rejection) => {
+                    self.dedup.cancel(&connection.user, &client_msg_id);
+                    let mut refused = ack(Status::Rejected, &send, format!("{}: {}", rejection.code, rejection.reason));
+                    refused.retry_after_ms = rejection.retry_after_ms.map_or(0, |ms| u32::try_from(ms).unwrap_or(u32::MAX));
+                    return Admission::Done(refused);
+                }
             }
         }
         if let Err(error) = self.record_direct(&conversation).await {

@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 
 pub use herald_plugin_runtime::types;
-pub use herald_plugin_runtime::{PluginError, PluginHost, PluginHostConfig, PluginStatus, PluginWatcher};
+pub use herald_plugin_runtime::{Hook, PluginError, PluginHost, PluginHostConfig, PluginStatus, PluginWatcher};
 
 /// The loaded plugins and the watcher that hot-reloads them.
 pub struct Plugins {
