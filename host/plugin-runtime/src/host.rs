@@ -331,12 +331,12 @@ impl PluginHost {
         self.status().into_iter().find(|s| s.name == name)
     }
 
-    /// Names of the plugins serving `hook`, in chain order.
     /// Whether any loaded plugin implements `hook` (lets callers skip building its input).
     pub fn has_hook(&self, hook: Hook) -> bool {
         !self.inner.registry.load().chains[hook.index()].is_empty()
     }
 
+    /// Names of the plugins serving `hook`, in chain order.
     pub fn chain(&self, hook: Hook) -> Vec<String> {
         self.inner.registry.load().chains[hook.index()].iter().map(|p| p.name.to_string()).collect()
     }

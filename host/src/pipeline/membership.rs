@@ -58,25 +58,19 @@ impl Membership {
         self.groups.remove(group);
     }
 
-    /// Checks that `user` (on `connection`) may send to `conversation`.
+    /// Checks that `user` (on `connection`) may send to `conversation`: a member, and for
+    /// a room, subscribed on this connection.
     ///
     /// # Errors
     /// [`Refusal`] naming the rule broken.
     pub async fn check_send(&self, user: &UserId, connection: ConnectionId, conversation: &ConversationId) -> Result<(), Refusal> {
-        match conversation.kind() {
-            ConversationKind::Direct(a, b) if &a == user || &b == user => Ok(()),
-            ConversationKind::Direct(..) => Err(not_member(user, conversation)),
-            ConversationKind::Group(group) => match self.group_members(&group).await? {
-                None => Err(Refusal::NoSuchGroup(group.to_string())),
-                Some(members) if members.contains(user) => Ok(()),
-                Some(_) => Err(not_member(user, conversation)),
-            },
-            ConversationKind::Room(_) if self.rooms.is_subscribed(conversation, connection) => Ok(()),
-            ConversationKind::Room(_) => Err(Refusal::NotSubscribed(conversation.to_string())),
+        if matches!(conversation.kind(), ConversationKind::Room(_)) && !self.rooms.is_subscribed(conversation, connection) {
+            return Err(Refusal::NotSubscribed(conversation.to_string()));
         }
+        self.check_read(user, conversation).await
     }
 
-    /// Checks that `user` may read `conversation`'s history (rooms are public).
+    /// Checks that `user` may read `conversation`'s history: a member (rooms are public).
     ///
     /// # Errors
     /// [`Refusal`] naming the rule broken.
