@@ -7,13 +7,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
-use super::{ApiError, DEV_KEY, bearer};
+use super::{ApiError, require_key};
 use crate::node::Node;
 
 fn require_admin_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
-    let key = bearer(headers).ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <admin key>"))?;
-    let known = node.config.api.admin_keys.iter().any(|k| k == key) || (node.config.dev && key == DEV_KEY);
-    if known { Ok(()) } else { Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "unknown admin key")) }
+    require_key(node, headers, &node.config.api.admin_keys, "admin key")
 }
 
 /// `GET /admin/plugins`: name, version, content hash, hooks, calls, failures, p99 call

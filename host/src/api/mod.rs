@@ -83,11 +83,18 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
 }
 
+/// Checks the bearer key against `keys` (dev mode also takes `dev-key`); `what` names the
+/// kind of key in the error.
+fn require_key(node: &Node, headers: &HeaderMap, keys: &[String], what: &str) -> Result<(), ApiError> {
+    let key = bearer(headers)
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", format!("send Authorization: Bearer <{what}>")))?;
+    let known = keys.iter().any(|k| k == key) || (node.config.dev && key == DEV_KEY);
+    if known { Ok(()) } else { Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", format!("unknown {what}"))) }
+}
+
 /// Checks a server-to-server API key.
 fn require_api_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
-    let key = bearer(headers).ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <api key>"))?;
-    let known = node.config.api.keys.iter().any(|k| k == key) || (node.config.dev && key == DEV_KEY);
-    if known { Ok(()) } else { Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "unknown api key")) }
+    require_key(node, headers, &node.config.api.keys, "api key")
 }
 
 /// The user a request's token belongs to.

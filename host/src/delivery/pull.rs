@@ -105,11 +105,12 @@ impl Delivery {
                     if own || !connection.claim_push(conversation, message.seq) {
                         continue; // the device has it, or it was pushed live already
                     }
-                    let frame = v1::Frame::new(0, v1::Deliver { message: Some(wire_message(&message)), attempt: 1 });
+                    let wire = wire_message(&message);
+                    let frame = v1::Frame::new(0, v1::Deliver { message: Some(wire.clone()), attempt: 1 });
                     if !connection.push_waiting(frame).await {
                         return;
                     }
-                    self.schedule_retry(Arc::clone(&connection), conversation.clone(), wire_message(&message), 1);
+                    self.schedule_retry(Arc::clone(&connection), conversation.clone(), wire, 1);
                 }
             }
         }

@@ -23,6 +23,7 @@ use herald_proto::v1::{self, Frame, frame::Body};
 use herald_proto::{DecodeLimits, Encoding, SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, decode_frame, encode_frame};
 use tokio::sync::mpsc;
 
+use crate::clock::{SystemClock, WallClock};
 use crate::model::DeviceId;
 use crate::node::Node;
 use crate::pipeline::Admission;
@@ -307,7 +308,7 @@ async fn write_loop(
                 Some(frame) => frame,
                 None => return,
             },
-            _ = ping.tick() => Frame::new(0, v1::Ping { time_ms: now_ms() }),
+            _ = ping.tick() => Frame::new(0, v1::Ping { time_ms: SystemClock.now_ms() }),
         };
         let message = match encode_frame(&outgoing, encoding) {
             Ok(bytes) if encoding == Encoding::Json => match String::from_utf8(bytes) {
@@ -339,8 +340,4 @@ fn close_message(code: u16, reason: &str) -> Message {
         end -= 1;
     }
     Message::Close(Some(CloseFrame { code, reason: reason[..end].into() }))
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

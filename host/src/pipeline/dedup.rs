@@ -44,6 +44,21 @@ struct Entry_ {
     expires: Instant,
 }
 
+/// Waits for the send holding a mark to end: its ids once stored, or why it did not store.
+///
+/// # Errors
+/// A reason to retry when the original failed or was abandoned.
+pub async fn await_original(mut original: watch::Receiver<Option<Option<Outcome>>>) -> Result<Outcome, &'static str> {
+    loop {
+        if let Some(outcome) = original.borrow_and_update().clone() {
+            return outcome.ok_or("the original send failed; retry");
+        }
+        if original.changed().await.is_err() {
+            return Err("the original send was abandoned; retry");
+        }
+    }
+}
+
 /// In-process dedup marks (embedded mode; Redis `SET NX PX` in cluster mode).
 pub struct Dedup {
     marks: DashMap<(UserId, ClientMsgId), Entry_>,

@@ -27,7 +27,7 @@ use crate::model::{DeviceId, UserId};
 use crate::store::group_commit::Ticket;
 use crate::store::{Database, GroupCommitter, Inserted, NewMessage, StoreError, StoredMessage};
 
-use dedup::{Dedup, Mark, Outcome};
+use dedup::{Dedup, Mark, Outcome, await_original};
 use lanes::{Lane, Lanes};
 use membership::{Membership, Refusal};
 
@@ -121,19 +121,12 @@ impl Pipeline {
         match self.dedup.try_mark(&connection.user, &client_msg_id) {
             Mark::Fresh => {}
             Mark::Stored(outcome) => return Admission::Done(with_ids(ack(Status::Duplicate, &send, ""), &outcome)),
-            Mark::InFlight(mut original) => {
+            Mark::InFlight(original) => {
                 let connection = Arc::clone(connection);
                 return Admission::Wait(Box::pin(async move {
-                    let reply = loop {
-                        if let Some(outcome) = original.borrow_and_update().clone() {
-                            break match outcome {
-                                Some(outcome) => with_ids(ack(Status::Duplicate, &send, ""), &outcome),
-                                None => ack(Status::Retry, &send, "the original send failed; retry"),
-                            };
-                        }
-                        if original.changed().await.is_err() {
-                            break ack(Status::Retry, &send, "the original send was abandoned; retry");
-                        }
+                    let reply = match await_original(original).await {
+                        Ok(outcome) => with_ids(ack(Status::Duplicate, &send, ""), &outcome),
+                        Err(reason) => ack(Status::Retry, &send, reason),
                     };
                     connection.push(Frame::new(rid, reply));
                 }));
@@ -268,17 +261,7 @@ impl Pipeline {
         match self.dedup.try_mark(sender, &client_msg_id) {
             Mark::Fresh => {}
             Mark::Stored(original) => return duplicate(&original),
-            Mark::InFlight(mut original) => loop {
-                if let Some(outcome) = original.borrow_and_update().clone() {
-                    return match outcome {
-                        Some(original) => duplicate(&original),
-                        None => Err("the same announcement failed to store; retry".into()),
-                    };
-                }
-                if original.changed().await.is_err() {
-                    return Err("the same announcement was abandoned; retry".into());
-                }
-            },
+            Mark::InFlight(original) => return await_original(original).await.map_or_else(|reason| Err(reason.into()), |o| duplicate(&o)),
         }
         let lane = self.lanes.get(room);
         let (message, ticket) = match self.enqueue(&lane, room, sender, &device, &client_msg_id, ANNOUNCEMENT_KIND, body).await {
