@@ -5,10 +5,9 @@
 //! queues); a queue that overflows closes the connection with 4008 rather than growing or
 //! blocking the caller, so one slow client can never stall delivery to others.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-
 
 use dashmap::DashMap;
 use herald_proto::v1::Frame;
@@ -46,9 +45,19 @@ pub struct Connection {
     live: AtomicBool,
     /// Highest seq the device acked, per conversation (acks are cumulative).
     acked: Mutex<HashMap<ConversationId, u64>>,
-    /// While backfill and live pushes overlap: what was pushed, so neither pushes a
-    /// message the other already did. `None` outside that window.
-    claimed: Mutex<Option<HashSet<(ConversationId, u64)>>>,
+    /// What backfill and live fan-out pushed, so neither pushes a message the other did.
+    claims: Mutex<Claims>,
+}
+
+/// Who pushed what while backfill and live fan-out overlap, and after.
+#[derive(Default)]
+struct Claims {
+    /// Per conversation, the seqs pushed and not yet matched or acked.
+    pushed: HashMap<ConversationId, BTreeSet<u64>>,
+    /// Backfill is over: a seq still in `pushed` is one backfill pushed (or read) before its
+    /// live fan-out came — which happens when backfill reads a message between its commit
+    /// and its fan-out — so that fan-out is skipped once.
+    backfill_done: bool,
 }
 
 impl Connection {
@@ -63,7 +72,7 @@ impl Connection {
             closed: watch::Sender::new(false),
             live: AtomicBool::new(false),
             acked: Mutex::new(HashMap::new()),
-            claimed: Mutex::new(Some(HashSet::new())),
+            claims: Mutex::new(Claims::default()),
         }
     }
 
@@ -134,21 +143,47 @@ impl Connection {
         let position = acked.entry(conversation.clone()).or_default();
         let moved = seq > *position;
         *position = (*position).max(seq);
+        drop(acked);
+        self.forget_claims_through(conversation, seq);
         moved
     }
 
     /// Claims the first push of `seq` of `conversation`: false if backfill or live push
-    /// already pushed it while the two overlap.
+    /// already pushed it, or the device acked it already.
     pub fn claim_push(&self, conversation: &ConversationId, seq: u64) -> bool {
-        match self.claimed.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-            Some(claimed) => claimed.insert((conversation.clone(), seq)),
-            None => true,
+        if seq <= self.acked_through(conversation) {
+            return false;
         }
+        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        if !claims.backfill_done {
+            return claims.pushed.entry(conversation.clone()).or_default().insert(seq);
+        }
+        let Some(pushed) = claims.pushed.get_mut(conversation) else { return true };
+        let first = !pushed.remove(&seq);
+        if pushed.is_empty() {
+            claims.pushed.remove(conversation);
+        }
+        first
     }
 
-    /// Backfill is over: live pushes no longer need claiming.
+    /// Backfill is over: from now on a live push is skipped only if backfill pushed it.
     pub fn end_claims(&self) {
-        *self.claimed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.claims.lock().unwrap_or_else(|p| p.into_inner()).backfill_done = true;
+    }
+
+    /// Once backfill is over, claims up to an acked seq are no longer needed (live fan-out
+    /// of those has come, or the device has them); dropping them keeps the set small.
+    fn forget_claims_through(&self, conversation: &ConversationId, seq: u64) {
+        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        if !claims.backfill_done {
+            return;
+        }
+        if let Some(pushed) = claims.pushed.get_mut(conversation) {
+            *pushed = pushed.split_off(&seq.saturating_add(1));
+            if pushed.is_empty() {
+                claims.pushed.remove(conversation);
+            }
+        }
     }
 
     /// The highest seq of `conversation` this connection acked.
@@ -191,5 +226,51 @@ impl Connections {
         for connection in &self.by_id {
             connection.close(code, reason);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection() -> Connection {
+        let (outbox, _) = mpsc::channel(8);
+        let user = UserId::parse("bob").expect("user");
+        let device = DeviceId::parse("phone").expect("device");
+        Connection::new(1, user, device, outbox)
+    }
+
+    #[test]
+    fn a_message_backfill_pushed_is_not_pushed_again_by_a_late_fan_out() {
+        let connection = connection();
+        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
+        // Backfill reads seq 5 between its commit and its fan-out, and pushes it.
+        assert!(connection.claim_push(&dm, 5));
+        connection.end_claims();
+        // The fan-out of 5 comes after backfill ended: skipped, once.
+        assert!(!connection.claim_push(&dm, 5));
+        assert!(connection.claim_push(&dm, 6), "a later message goes out");
+    }
+
+    #[test]
+    fn while_backfilling_the_first_push_wins() {
+        let connection = connection();
+        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
+        assert!(connection.claim_push(&dm, 3), "live pushes first");
+        assert!(!connection.claim_push(&dm, 3), "backfill then skips it");
+        connection.end_claims();
+        assert!(connection.claim_push(&dm, 4));
+    }
+
+    #[test]
+    fn an_acked_message_is_never_pushed_by_a_late_fan_out() {
+        let connection = connection();
+        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
+        assert!(connection.claim_push(&dm, 5));
+        connection.end_claims();
+        // The device acks 5 (dropping the claim) before the fan-out of 5 arrives.
+        connection.record_ack(&dm, 5);
+        assert!(!connection.claim_push(&dm, 5));
+        assert!(connection.claim_push(&dm, 6));
     }
 }
