@@ -51,3 +51,16 @@ install_plugins() {
         cp "$manifest" "$dir/$name.toml"
     done
 }
+
+# Builds the test suite's guest plugins (well-behaved and hostile ones, and the first-party
+# plugins in release) into target/plugin-guests, where the runtime's and the server's tests
+# load them from.
+build_test_guests() {
+    ensure_wasm_target
+    say "building the test guest plugins (well-behaved and hostile) for wasm32-wasip2"
+    local manifest
+    for manifest in host/plugin-runtime/tests/guests/Cargo.toml plugins/Cargo.toml; do
+        CARGO_TARGET_DIR=target/plugin-guests cargo build --release --target wasm32-wasip2 --manifest-path "$manifest" >&2 \
+            || die "building the test guests ($manifest) failed"
+    done
+}

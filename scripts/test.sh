@@ -13,6 +13,7 @@ ensure_services
 ensure_wasm_target
 ensure_chromium
 build_plugins debug
+build_test_guests
 
 say "clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -105,6 +105,8 @@ pub struct DeliveryConfig {
     pub max_page: u32,
     /// How long a dedup mark lives, in ms (the unique index guards beyond it).
     pub dedup_ttl_ms: u64,
+    /// How often the node samples its health and asks the degrade hook for a tier, in ms.
+    pub degrade_interval_ms: u64,
 }
 
 impl Default for DeliveryConfig {
@@ -119,6 +121,7 @@ impl Default for DeliveryConfig {
             backfill_concurrency: 32,
             max_page: 500,
             dedup_ttl_ms: 600_000,
+            degrade_interval_ms: 1_000,
         }
     }
 }
@@ -327,9 +330,9 @@ impl Config {
                 "delivery.ack_timeout_ms, max_attempts and max_page must be at least 1, jitter in [0, 1]".into(),
             ));
         }
-        if d.backfill_concurrency == 0 || d.cursor_flush_ms == 0 {
+        if d.backfill_concurrency == 0 || d.cursor_flush_ms == 0 || d.degrade_interval_ms == 0 {
             return Err(ConfigError::Invalid(
-                "delivery.backfill_concurrency and cursor_flush_ms must be at least 1".into(),
+                "delivery.backfill_concurrency, cursor_flush_ms and degrade_interval_ms must be at least 1".into(),
             ));
         }
         self.seq.validate().map_err(ConfigError::Invalid)

@@ -16,13 +16,15 @@ use crate::delivery::Delivery;
 use crate::delivery::cursors::CursorBuffer;
 use crate::gateway::auth::Authenticator;
 use crate::gateway::connection::Connections;
+use crate::health::{Sampler, Tier, Vitals};
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
 use crate::pipeline::Pipeline;
 use crate::pipeline::dedup::Dedup;
 use crate::pipeline::lanes::Lanes;
 use crate::pipeline::membership::Membership;
-use crate::plugins::Plugins;
+use crate::plugins::{Hook, Plugins, types};
 use crate::routing::rooms::Rooms;
+use crate::routing::ring::{DEFAULT_VIRTUAL_NODES, Ring};
 use crate::routing::{MemoryRouteTable, RouteTable};
 use crate::store::{Database, GroupCommitter, StoreError};
 
@@ -50,6 +52,8 @@ pub struct Node {
     pub pipeline: Arc<Pipeline>,
     /// The Wasm plugins and their hot reload.
     pub plugins: Arc<Plugins>,
+    /// Health counters, the last health sample and the delivery tier.
+    pub vitals: Arc<Vitals>,
     /// Next connection id.
     pub next_connection: AtomicU64,
 }
@@ -65,6 +69,7 @@ impl Node {
                 "gateway.jwt_secret is required outside dev mode (HERALD_GATEWAY__JWT_SECRET); clients authenticate with HS256 tokens signed by it".into(),
             ));
         }
+        crate::telemetry::install();
         let database = Database::connect(&config.database_url(), &config.storage).await?;
         let migrations = database.migrate().await?;
         tracing::info!(backend = ?database.backend(), migrations, "storage ready");
@@ -83,6 +88,7 @@ impl Node {
         let membership = Arc::new(Membership::new(database.clone(), Arc::clone(&rooms)));
         let lanes = Arc::new(Lanes::default());
         let dedup = Arc::new(Dedup::new(Duration::from_millis(config.delivery.dedup_ttl_ms)));
+        let vitals = Arc::new(Vitals::default());
         let delivery = Arc::new(Delivery {
             config: config.delivery.clone(),
             node_id: config.node_id,
@@ -94,6 +100,7 @@ impl Node {
             lanes: Arc::clone(&lanes),
             cursors: CursorBuffer::default(),
             backfill_permits: Semaphore::new(config.delivery.backfill_concurrency),
+            vitals: Arc::clone(&vitals),
         });
         let pipeline = Arc::new(Pipeline {
             database: database.clone(),
@@ -107,9 +114,20 @@ impl Node {
             clock: Arc::clone(&clock),
             known_direct: DashSet::new(),
             plugins: Arc::clone(&plugins.host),
+            // Embedded mode: this node is the whole ring.
+            ring: Ring::new(&[config.node_id], DEFAULT_VIRTUAL_NODES),
+            node_id: config.node_id,
+            vitals: Arc::clone(&vitals),
         });
         tokio::spawn(Arc::clone(&delivery).flush_cursors_periodically());
         tokio::spawn(database.clone().checkpoint_periodically(Duration::from_millis(config.storage.sqlite_checkpoint_ms.max(10))));
+        tokio::spawn(watch_health(
+            Arc::clone(&vitals),
+            Arc::clone(&connections),
+            committer.clone(),
+            Arc::clone(&plugins.host),
+            Duration::from_millis(config.delivery.degrade_interval_ms),
+        ));
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(5));
             loop {
@@ -131,6 +149,7 @@ impl Node {
             delivery,
             pipeline,
             plugins,
+            vitals,
             next_connection: AtomicU64::new(1),
         }))
     }
@@ -139,5 +158,48 @@ impl Node {
     pub async fn shut_down(&self) {
         self.connections.close_all(crate::gateway::connection::close::GOING_AWAY, "server shutting down");
         self.delivery.cursors.flush(&self.database).await;
+    }
+}
+
+/// Samples the node's health every `interval` and sets the delivery tier the degrade hook
+/// chooses from it (the built-in default, when no plugin has the hook, is `normal`).
+async fn watch_health(
+    vitals: Arc<Vitals>,
+    connections: Arc<Connections>,
+    committer: GroupCommitter,
+    plugins: Arc<crate::plugins::PluginHost>,
+    interval: Duration,
+) {
+    let mut sampler = Sampler::new();
+    let mut every = tokio::time::interval(interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let health = sampler.sample(&vitals, connections.queue_depths(), committer.write_latency());
+        metrics::gauge!("herald_connections").set(health.connections as f64);
+        metrics::gauge!("herald_store_latency_p99_ms").set(f64::from(health.store_latency_p99_ms));
+        let tier = if plugins.has_hook(Hook::Degrade) { tier_of(plugins.degrade(&hook_health(&health)).await) } else { Tier::Normal };
+        vitals.record(health, tier);
+    }
+}
+
+fn hook_health(health: &crate::health::Health) -> types::Health {
+    types::Health {
+        connections: health.connections,
+        send_queue_depth_p99: health.send_queue_depth_p99,
+        send_queue_depth_max: health.send_queue_depth_max,
+        store_latency_p99_ms: health.store_latency_p99_ms,
+        redelivery_ratio: health.redelivery_ratio,
+        cpu_load: health.cpu_load,
+        errors_per_second: health.errors_per_second,
+    }
+}
+
+fn tier_of(tier: types::Tier) -> Tier {
+    match tier {
+        types::Tier::Normal => Tier::Normal,
+        types::Tier::OfflineOnly => Tier::OfflineOnly,
+        types::Tier::NoBackfill => Tier::NoBackfill,
+        types::Tier::PullOnly => Tier::PullOnly,
     }
 }

@@ -3,12 +3,15 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
 use super::{ApiError, require_key};
+use crate::model::{ConversationId, UserId};
 use crate::node::Node;
+use crate::plugins::types::CommandKind;
 
 fn require_admin_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     require_key(node, headers, &node.config.api.admin_keys, "admin key")
@@ -19,6 +22,64 @@ fn require_admin_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
 pub async fn plugins(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     Ok(Json(json!({ "plugins": node.plugins.host.status() })))
+}
+
+/// `GET /admin/health`: the last health sample and the delivery tier chosen from it.
+pub async fn health(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    require_admin_key(&node, &headers)?;
+    Ok(Json(json!({ "tier": node.vitals.tier(), "health": node.vitals.last_sample() })))
+}
+
+/// Query of `GET /admin/route`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteQuery {
+    user: String,
+    conversation: Option<String>,
+    /// `send` (the default), `sync`, `history`, `subscribe`, …
+    command: Option<String>,
+}
+
+/// `GET /admin/route?user=U&conversation=C&command=send`: the routing key the route-key
+/// hook (or the built-in default) gives that command, and the node owning it.
+pub async fn route(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    query: Result<Query<RouteQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    require_admin_key(&node, &headers)?;
+    let Query(query) = query.map_err(|error| ApiError::bad_request(error.body_text()))?;
+    let invalid = |message: String| ApiError::bad_request(message);
+    let user = UserId::parse(&query.user).map_err(|error| invalid(error.to_string()))?;
+    let conversation = query.conversation.as_deref().map(ConversationId::parse).transpose().map_err(|error| invalid(error.to_string()))?;
+    let command = match query.command.as_deref().unwrap_or("send") {
+        "send" => CommandKind::Send,
+        "deliver_ack" => CommandKind::DeliverAck,
+        "sync" => CommandKind::Sync,
+        "history" => CommandKind::History,
+        "subscribe" => CommandKind::Subscribe,
+        "unsubscribe" => CommandKind::Unsubscribe,
+        "announce" => CommandKind::Announce,
+        other => {
+            return Err(invalid(format!(
+                "unknown command {other:?}; use send, deliver_ack, sync, history, subscribe, unsubscribe or announce"
+            )));
+        }
+    };
+    let routed = node.pipeline.route(command, &user, conversation.as_ref()).await;
+    Ok(Json(json!({ "key": routed.key, "owner": routed.owner, "this_node": node.config.node_id })))
+}
+
+/// `GET /admin/cluster`: this node, the nodes on the ring and how they share it. Embedded
+/// mode is one node owning every key.
+pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    require_admin_key(&node, &headers)?;
+    let ring = &node.pipeline.ring;
+    Ok(Json(json!({
+        "mode": "embedded",
+        "this_node": node.config.node_id,
+        "nodes": ring.nodes().iter().map(|id| json!({ "id": id, "points": ring.points_of(*id) })).collect::<Vec<_>>(),
+    })))
 }
 
 /// `POST /admin/plugins/reload`: reloads the plugins folder now.

@@ -71,6 +71,10 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/conversations/{conversation}/messages", get(conversations::messages))
         .route("/v1/rooms/{name}/announcements", post(rooms::announce))
         .route("/admin/plugins", get(admin::plugins))
+        .route("/admin/health", get(admin::health))
+        .route("/admin/cluster", get(admin::cluster))
+        .route("/metrics", get(metrics))
+        .route("/admin/route", get(admin::route))
         .route("/admin/plugins/reload", post(admin::reload));
     if node.config.dev {
         router = router.route("/", get(|| async { Html(WEB_PAGE) }));
@@ -115,6 +119,11 @@ async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>
     } else {
         Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the database is not answering"))
     }
+}
+
+/// `GET /metrics`: Prometheus text format.
+async fn metrics() -> impl axum::response::IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::telemetry::render())
 }
 
 async fn not_found() -> ApiError {

@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::DeliveryConfig;
 use crate::gateway::connection::{Connection, Connections};
+use crate::health::Vitals;
 use crate::model::{ConversationId, ConversationKind, UserId};
 use crate::pipeline::lanes::Lanes;
 use crate::pipeline::membership::Membership;
@@ -39,6 +40,8 @@ pub struct Delivery {
     pub cursors: CursorBuffer,
     /// Bounds how many devices are backfilled at once.
     pub backfill_permits: Semaphore,
+    /// Push and redelivery counts, and the tier in force (set from the degrade hook).
+    pub vitals: Arc<Vitals>,
 }
 
 /// The wire form of a stored message.
@@ -59,11 +62,18 @@ fn deliver(message: v1::Message, attempt: u32) -> Frame {
     Frame::new(0, v1::Deliver { message: Some(message), attempt })
 }
 
+/// "There is more, pull it": what pull-only delivery sends instead of the message.
+fn sync_hint(message: &StoredMessage) -> Frame {
+    Frame::new(0, v1::SyncHint { conversation: message.conversation.clone(), latest_seq: message.seq })
+}
+
 impl Delivery {
     /// Pushes a just-stored message to every online device that should have it: every
-    /// device of every member but the one that sent it (room: every subscriber).
+    /// device of every member but the one that sent it (room: every subscriber). In the
+    /// pull-only tier they get a `sync_hint` instead, and pull.
     pub async fn fan_out(self: &Arc<Self>, message: Arc<StoredMessage>) {
         let Ok(conversation) = ConversationId::parse(&message.conversation) else { return };
+        let whole = self.vitals.tier().pushes();
         let wire = wire_message(&message);
         let members: Vec<UserId> = match conversation.kind() {
             ConversationKind::Room(_) => {
@@ -71,7 +81,7 @@ impl Delivery {
                     if let Some(connection) = self.connections.get(id)
                         && !is_own(&connection, &message)
                     {
-                        connection.push(deliver(wire.clone(), 1));
+                        connection.push(if whole { deliver(wire.clone(), 1) } else { sync_hint(&message) });
                     }
                 }
                 return;
@@ -97,7 +107,12 @@ impl Delivery {
             };
             for route in routes.into_iter().filter(|route| route.node == self.node_id) {
                 let Some(connection) = self.connections.get(route.connection) else { continue };
-                if connection.is_live() && !is_own(&connection, &message) && connection.claim_push(&conversation, message.seq) {
+                if !connection.is_live() || is_own(&connection, &message) {
+                    continue;
+                }
+                if !whole {
+                    connection.push(sync_hint(&message));
+                } else if connection.claim_push(&conversation, message.seq) {
                     self.push_tracked(&connection, &conversation, wire.clone(), 1);
                 }
             }
@@ -108,10 +123,13 @@ impl Delivery {
     /// Pushes `message` and arranges for it to be pushed again until acked.
     fn push_tracked(self: &Arc<Self>, connection: &Arc<Connection>, conversation: &ConversationId, message: v1::Message, attempt: u32) {
         if connection.push(deliver(message.clone(), attempt)) {
+            self.vitals.count_push(attempt);
             self.schedule_retry(Arc::clone(connection), conversation.clone(), message, attempt);
         }
     }
 
+    /// Pushes `message` again after the backoff for `attempt` unless acked by then, the
+    /// attempts are used up, or the tier sheds retries (the device then syncs).
     fn schedule_retry(self: &Arc<Self>, connection: Arc<Connection>, conversation: ConversationId, message: v1::Message, attempt: u32) {
         if attempt >= self.config.max_attempts {
             return;
@@ -119,7 +137,7 @@ impl Delivery {
         let delivery = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(backoff(&delivery.config, attempt)).await;
-            if connection.is_closed() || connection.acked_through(&conversation) >= message.seq {
+            if connection.is_closed() || connection.acked_through(&conversation) >= message.seq || !delivery.vitals.tier().retries() {
                 return;
             }
             metrics::counter!("herald_delivery_redeliveries_total").increment(1);

@@ -68,11 +68,18 @@ impl Delivery {
     /// room in its queue (so a reconnect storm paces itself), then lets live pushes through
     /// and catches up on what was stored meanwhile.
     pub async fn backfill(self: &Arc<Self>, connection: Arc<Connection>) {
+        if !self.vitals.tier().backfills() {
+            // Degraded: the device catches up by sync instead.
+            connection.set_live();
+            connection.end_claims();
+            return;
+        }
         let Ok(_permit) = self.backfill_permits.acquire().await else { return };
         let conversations = match self.device_conversations(&connection.user, &connection.device).await {
             Ok(conversations) => conversations,
             Err(error) => {
                 tracing::warn!(%error, "backfill: storage unavailable; the device can sync");
+                self.vitals.count_error();
                 connection.set_live();
                 connection.end_claims();
                 return;
@@ -96,6 +103,7 @@ impl Delivery {
                     Ok(messages) => messages,
                     Err(error) => {
                         tracing::warn!(%error, %conversation, "backfill: read failed; the device can sync");
+                        self.vitals.count_error();
                         continue;
                     }
                 };
@@ -110,6 +118,7 @@ impl Delivery {
                     if !connection.push_waiting(frame).await {
                         return;
                     }
+                    self.vitals.count_push(1);
                     self.schedule_retry(Arc::clone(&connection), conversation.clone(), wire, 1);
                 }
             }

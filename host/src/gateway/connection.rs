@@ -93,6 +93,11 @@ impl Connection {
         }
     }
 
+    /// Frames queued for the writer and not yet written.
+    pub fn queue_depth(&self) -> u32 {
+        u32::try_from(self.outbox.max_capacity() - self.outbox.capacity()).unwrap_or(u32::MAX)
+    }
+
     /// Queues `frame`, waiting for room (used by backfill, which paces itself to the client).
     pub async fn push_waiting(&self, frame: Frame) -> bool {
         !self.is_closed() && self.outbox.send(frame).await.is_ok()
@@ -219,6 +224,11 @@ impl Connections {
     /// Whether none is open.
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
+    }
+
+    /// The send-queue depth of every open connection.
+    pub fn queue_depths(&self) -> Vec<u32> {
+        self.by_id.iter().map(|connection| connection.queue_depth()).collect()
     }
 
     /// Closes every connection (server shutdown).

@@ -21,8 +21,10 @@ use crate::delivery::Delivery;
 use crate::gateway::connection::Connection;
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
 use crate::model::{ClientMsgId, ConversationId, ConversationKind};
+use crate::health::Vitals;
 use crate::plugins::{Hook, PluginHost};
-use crate::plugins::types::{Message as HookMessage, MessageDecision};
+use crate::plugins::types::{CommandKind, Message as HookMessage, MessageDecision, RouteRequest};
+use crate::routing::ring::Ring;
 use crate::model::{DeviceId, UserId};
 use crate::store::group_commit::Ticket;
 use crate::store::{Database, GroupCommitter, Inserted, NewMessage, StoreError, StoredMessage};
@@ -55,8 +57,22 @@ pub struct Pipeline {
     pub clock: Arc<dyn WallClock>,
     /// Direct conversations already recorded in `user_conversations` by this process.
     pub known_direct: DashSet<ConversationId>,
-    /// The message-policy hook (step 4).
+    /// The route-key (step 2) and message-policy (step 4) hooks.
     pub plugins: Arc<PluginHost>,
+    /// Which node owns a routing key (step 2).
+    pub ring: Ring,
+    /// This node.
+    pub node_id: u32,
+    /// Errors clients see, for the health snapshot.
+    pub vitals: Arc<Vitals>,
+}
+
+/// Where a command goes (step 2): the routing key and the node owning it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Routed {
+    pub key: String,
+    /// `None` only for an empty ring.
+    pub owner: Option<u32>,
 }
 
 /// What storing an announcement did.
@@ -114,9 +130,14 @@ impl Pipeline {
             Ok(()) => {}
             Err(Refusal::Store(error)) => {
                 tracing::warn!(%error, "membership check failed");
+                self.vitals.count_error();
                 return Admission::Done(ack(Status::Retry, &send, "storage unavailable; retry"));
             }
             Err(refusal) => return Admission::Done(ack(Status::Rejected, &send, refusal.to_string())),
+        }
+        if let Some(owner) = self.send_owner(&connection.user, &conversation).await.filter(|&owner| owner != self.node_id) {
+            // Only cluster mode has other owners, and it forwards; here the ring is this node.
+            return Admission::Done(ack(Status::Retry, &send, format!("conversation owned by node {owner}, which is not reachable from here")));
         }
         match self.dedup.try_mark(&connection.user, &client_msg_id) {
             Mark::Fresh => {}
@@ -174,11 +195,33 @@ impl Pipeline {
             let reply = match pipeline.settle(&lane, &message, outcome) {
                 Settled::Stored(stored) => with_ids(ack(Status::Ok, &send, ""), &stored),
                 Settled::Duplicate(original) => with_ids(ack(Status::Duplicate, &send, ""), &original),
-                Settled::Failed => ack(Status::Retry, &send, "storage failed; retry with the same client_msg_id"),
+                Settled::Failed => {
+                    pipeline.vitals.count_error();
+                    ack(Status::Retry, &send, "storage failed; retry with the same client_msg_id")
+                }
             };
             connection.push(Frame::new(rid, reply));
             pipeline.release(&lane).await;
         }))
+    }
+
+    /// Step 2 for a send: the node owning the conversation's routing key. The route-key hook
+    /// is asked only when a plugin provides one (the built-in key is the conversation).
+    async fn send_owner(&self, user: &UserId, conversation: &ConversationId) -> Option<u32> {
+        if self.plugins.has_hook(Hook::RouteKey) {
+            self.route(CommandKind::Send, user, Some(conversation)).await.owner
+        } else {
+            self.ring.owner(conversation.as_str())
+        }
+    }
+
+    /// Where `command` of `user` on `conversation` goes: the key (from the route-key hook
+    /// or the built-in default) and its owner on the ring.
+    pub async fn route(&self, command: CommandKind, user: &UserId, conversation: Option<&ConversationId>) -> Routed {
+        let request = RouteRequest { command, user: user.to_string(), conversation: conversation.map(ToString::to_string) };
+        let key = self.plugins.route_key(&request).await;
+        let owner = self.ring.owner(&key);
+        Routed { key, owner }
     }
 
     /// Records, once per process, that both users of a direct conversation take part in it.

@@ -6,6 +6,7 @@
 //! learn which older connection it replaces, to kick it), list a user's devices, and drop
 //! every route of a gateway that died.
 
+pub mod ring;
 pub mod rooms;
 
 use std::collections::HashMap;

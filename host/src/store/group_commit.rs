@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 
 use super::{Backend, Database, Inserted, NewMessage, StoreError};
 use crate::config::GroupCommitConfig;
+use crate::health::LatencyWindow;
 
 /// A submitted insert: wait on it to learn the outcome once its batch is committed.
 pub struct Ticket(oneshot::Receiver<Result<Inserted, StoreError>>);
@@ -46,6 +47,8 @@ pub struct GroupCommitter {
     writers: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
     /// Batches being written right now.
     busy: Arc<AtomicUsize>,
+    /// How long batch writes took, for the health snapshot.
+    latency: Arc<LatencyWindow>,
 }
 
 impl GroupCommitter {
@@ -59,12 +62,19 @@ impl GroupCommitter {
             Backend::MySql | Backend::Postgres => 2,
         });
         let busy = Arc::new(AtomicUsize::new(0));
+        let latency = Arc::new(LatencyWindow::default());
         let handles = (0..writers)
             .map(|_| {
-                tokio::spawn(write_batches(database.clone(), Arc::clone(&receiver), config.max_batch, Arc::clone(&busy)))
+                let (busy, latency) = (Arc::clone(&busy), Arc::clone(&latency));
+                tokio::spawn(write_batches(database.clone(), Arc::clone(&receiver), config.max_batch, busy, latency))
             })
             .collect();
-        Self { queue, writers: Arc::new(std::sync::Mutex::new(handles)), busy }
+        Self { queue, writers: Arc::new(std::sync::Mutex::new(handles)), busy, latency }
+    }
+
+    /// How long batch writes took since the last look.
+    pub fn write_latency(&self) -> &LatencyWindow {
+        &self.latency
     }
 
     /// Stores `message` in the next batch and returns once that batch is committed.
@@ -108,6 +118,7 @@ async fn write_batches(
     receiver: Arc<Mutex<mpsc::Receiver<Pending>>>,
     max_batch: usize,
     busy: Arc<AtomicUsize>,
+    latency: Arc<LatencyWindow>,
 ) {
     let mut batch = Vec::with_capacity(max_batch);
     loop {
@@ -126,7 +137,9 @@ async fn write_batches(
         let (messages, waiters): (Vec<NewMessage>, Vec<_>) =
             batch.drain(..).map(|pending| (pending.message, pending.done)).unzip();
         metrics::histogram!("herald_store_batch_rows").record(messages.len() as f64);
+        let started = std::time::Instant::now();
         let results = database.insert_messages(&messages).await;
+        latency.record(started.elapsed());
         for (waiter, result) in waiters.into_iter().zip(results) {
             // A caller that gave up waiting does not undo the write.
             let _ = waiter.send(result);

@@ -164,3 +164,27 @@ async fn http_errors_are_json_with_a_fitting_status() {
     let again = herald.request("PUT", "/v1/groups/team/members/carol", Some(DEV_KEY), None).await;
     assert!(again.is_success(), "{again:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_cluster_and_health_describe_the_node() {
+    let herald = Herald::start().await;
+    let mut alice = Client::connect(&herald, "alice", "laptop").await;
+    alice.send_ok("dm:alice:bob", "counted").await;
+
+    let metrics = herald.get("/metrics", None).await;
+    assert_eq!(metrics.status, 200);
+    assert!(metrics.body.contains("herald_store_batch_rows"), "Prometheus text with Herald's metrics: {}", metrics.body);
+
+    let cluster = herald.get("/admin/cluster", Some("dev-key")).await;
+    assert_eq!(cluster.status, 200, "{}", cluster.body);
+    let cluster = cluster.json();
+    assert_eq!(cluster["mode"], "embedded");
+    let nodes = cluster["nodes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(nodes.len(), 1, "{cluster}");
+    assert_eq!(nodes[0]["id"], cluster["this_node"]);
+    assert_eq!(herald.get("/admin/cluster", None).await.status, 401);
+
+    // Without a degrade plugin the tier is the built-in default.
+    let health = herald.get("/admin/health", Some("dev-key")).await.json();
+    assert_eq!(health["tier"], "normal", "{health}");
+}

@@ -25,6 +25,7 @@ mod durability;
 mod gateway;
 mod groups;
 mod heartbeat;
+mod hostile;
 mod http;
 mod plugins;
 mod rooms;

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use herald_proto::v1::frame::Body;
 use serde_json::json;
 
 use super::client::Client;
@@ -28,6 +29,15 @@ fn install(names: &[&str]) -> tempfile::TempDir {
         std::fs::copy(root.join(name).join("plugin.toml"), dir.path().join(format!("{name}.toml"))).expect("copy manifest");
     }
     dir
+}
+
+/// Replaces the `[config]` of installed plugin `name`'s manifest with `config` (TOML that
+/// follows a `[config]` header).
+fn configure(dir: &tempfile::TempDir, name: &str, config: &str) {
+    let path = dir.path().join(format!("{name}.toml"));
+    let manifest = std::fs::read_to_string(&path).expect("manifest");
+    let head = manifest.split("\n[config").next().unwrap_or_default();
+    std::fs::write(&path, format!("{head}\n[config]\n{config}")).expect("write manifest");
 }
 
 async fn with_plugins(names: &[&str]) -> (Herald, tempfile::TempDir) {
@@ -133,4 +143,102 @@ async fn announcements_are_paced_per_room_archived_and_accepted_once() {
     assert_eq!(bad.status, 400);
     let unauthorized = herald.post("/v1/rooms/r1/announcements", None, &json!({ "content": "x" })).await;
     assert_eq!(unauthorized.status, 401);
+}
+
+/// The tier `/admin/health` reports.
+async fn tier(herald: &Herald) -> String {
+    let health = herald.get("/admin/health", Some("dev-key")).await;
+    assert_eq!(health.status, 200, "{}", health.body);
+    health.json()["tier"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Waits (up to 10 s) until the node reports `wanted` as its tier.
+async fn await_tier(herald: &Herald, wanted: &str) {
+    for _ in 0..200 {
+        if tier(herald).await == wanted {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("tier never became {wanted}; /admin/health says {}", herald.get("/admin/health", Some("dev-key")).await.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn degrade_tiers_turns_push_into_sync_hints_past_its_threshold_and_back() {
+    let dir = install(&["degrade-tiers"]);
+    // Pull-only from three open connections; no hold, so it steps down at once.
+    configure(&dir, "degrade-tiers", "hold_ms = 0\n[config.pull_only]\nconnections = 3\n");
+    let herald = Herald::with().set("PLUGINS", dir.path().display()).set("DELIVERY__DEGRADE_INTERVAL_MS", 50).start().await;
+    let conversation = "dm:alice:bob";
+    let mut alice = Client::connect(&herald, "alice", "laptop").await;
+    let mut bob = Client::connect(&herald, "bob", "phone").await;
+    await_tier(&herald, "normal").await;
+    let before = alice.send_ok(conversation, "pushed whole").await;
+    assert_eq!(bob.deliver_of(before.message_id).await.attempt, 1);
+    bob.deliver_ack(conversation, before.seq).await;
+
+    let carol = Client::connect(&herald, "carol", "tablet").await;
+    await_tier(&herald, "pull-only").await;
+    let during = alice.send_ok(conversation, "hinted").await;
+    let hint = bob
+        .wait_for("a sync_hint", Duration::from_secs(5), |frame| match &frame.body {
+            Some(Body::SyncHint(hint)) => Some(hint.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!((hint.conversation.as_str(), hint.latest_seq), (conversation, during.seq));
+    bob.assert_quiet(Duration::from_millis(300), "no deliver while pull-only", |frame| matches!(frame.body, Some(Body::Deliver(_))))
+        .await;
+    let pulled = bob.sync(&[(conversation, before.seq)], 0).await;
+    let bodies: Vec<&[u8]> = pulled.conversations.iter().flat_map(|c| c.messages.iter()).map(|m| m.body.as_ref()).collect();
+    assert_eq!(bodies, vec![b"hinted".as_slice()], "the hinted message is there to pull");
+
+    carol.close().await;
+    await_tier(&herald, "normal").await;
+    let after = alice.send_ok(conversation, "pushed again").await;
+    bob.deliver_of(after.message_id).await;
+    let health = herald.get("/admin/health", Some("dev-key")).await.json();
+    assert_eq!(health["health"]["connections"], 2, "{health}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn degrade_tiers_no_backfill_leaves_a_connecting_device_to_sync() {
+    let dir = install(&["degrade-tiers"]);
+    configure(&dir, "degrade-tiers", "hold_ms = 0\n[config.no_backfill]\nconnections = 1\n");
+    let herald = Herald::with().set("PLUGINS", dir.path().display()).set("DELIVERY__DEGRADE_INTERVAL_MS", 50).start().await;
+    let mut alice = Client::connect(&herald, "alice", "laptop").await;
+    let sent = alice.send_ok("dm:alice:bob", "while bob was away").await;
+    await_tier(&herald, "no-backfill").await;
+    let mut bob = Client::connect(&herald, "bob", "phone").await;
+    bob.assert_quiet(Duration::from_millis(500), "no backfill push in no-backfill", |frame| matches!(frame.body, Some(Body::Deliver(_))))
+        .await;
+    let pulled = bob.sync(&[], 0).await;
+    assert!(pulled.conversations.iter().flat_map(|c| c.messages.iter()).any(|m| m.id == sent.message_id), "sync has it: {pulled:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_key_routes_a_shards_rooms_by_one_key() {
+    let (herald, _dir) = with_plugins(&["route-key"]).await;
+    let route = |query: &'static str| {
+        let herald = &herald;
+        async move {
+            let response = herald.get(&format!("/admin/route?{query}"), Some("dev-key")).await;
+            assert_eq!(response.status, 200, "{}", response.body);
+            response.json()
+        }
+    };
+    let lobby = route("user=alice&conversation=room:s12-lobby").await;
+    let trade = route("user=bob&conversation=room:s12-trade").await;
+    assert_eq!((lobby["key"].as_str(), trade["key"].as_str()), (Some("shard:s12"), Some("shard:s12")));
+    assert_eq!(lobby["owner"], lobby["this_node"], "embedded: this node owns every key");
+    // Outside the plugin's pattern, the built-in default: the conversation for sends, the
+    // user otherwise.
+    assert_eq!(route("user=alice&conversation=room:lobby").await["key"], "room:lobby");
+    assert_eq!(route("user=alice&command=sync").await["key"], "alice");
+    assert_eq!(herald.get("/admin/route?user=alice&command=fly", Some("dev-key")).await.status, 400);
+    assert_eq!(herald.get("/admin/route?user=alice", None).await.status, 401);
+    // Sends go through the hook and still land.
+    let mut alice = Client::connect(&herald, "alice", "laptop").await;
+    alice.subscribe("room:s12-lobby", None).await;
+    alice.send_ok("room:s12-lobby", "routed by shard").await;
 }

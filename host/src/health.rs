@@ -1,0 +1,302 @@
+//! The node's health: what it measures as it works, and the snapshot the `degrade` hook
+//! turns into a delivery tier (ARCHITECTURE.md §4).
+//!
+//! Every `delivery.degrade_interval_ms` the node samples connections, send-queue depths,
+//! store write latency, the share of pushes that were redeliveries, its own CPU load and
+//! errors per second; the degrade hook (or the built-in default, `normal`) picks the tier,
+//! which [`Delivery`](crate::delivery::Delivery) obeys until the next sample.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// How many latency samples a window keeps; beyond it, new samples replace random old ones
+/// (so the p99 stays representative without growing).
+const WINDOW_SAMPLES: usize = 4096;
+
+/// Durations recorded since the last sample, for a p99.
+#[derive(Default)]
+pub struct LatencyWindow {
+    micros: Mutex<(Vec<u32>, u64)>,
+}
+
+impl LatencyWindow {
+    /// Records one duration.
+    pub fn record(&self, took: Duration) {
+        let micros = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
+        let mut guard = self.micros.lock().unwrap_or_else(|p| p.into_inner());
+        let (samples, seen) = &mut *guard;
+        *seen += 1;
+        if samples.len() < WINDOW_SAMPLES {
+            samples.push(micros);
+        } else {
+            // Reservoir sampling: each of the `seen` durations is kept with equal chance.
+            let slot = rand::random_range(0..*seen);
+            if let Some(kept) = usize::try_from(slot).ok().and_then(|slot| samples.get_mut(slot)) {
+                *kept = micros;
+            }
+        }
+    }
+
+    /// The 99th percentile of what was recorded since the last call, in whole ms (rounded
+    /// up, so any latency shows), and starts a new window. 0 when nothing was recorded.
+    pub fn take_p99_ms(&self) -> u32 {
+        let mut samples = {
+            let mut guard = self.micros.lock().unwrap_or_else(|p| p.into_inner());
+            guard.1 = 0;
+            std::mem::take(&mut guard.0)
+        };
+        percentile(&mut samples, 0.99).div_ceil(1000)
+    }
+}
+
+/// The `share` percentile (0..=1) of `values` (reordered), 0 for none.
+pub fn percentile(values: &mut [u32], share: f64) -> u32 {
+    if values.is_empty() {
+        return 0;
+    }
+    let rank = ((values.len() as f64 * share).ceil() as usize).clamp(1, values.len()) - 1;
+    *values.select_nth_unstable(rank).1
+}
+
+/// Counts the node keeps as it works; the sampler reads them as rates.
+#[derive(Default)]
+pub struct Vitals {
+    /// First pushes of a message to a device.
+    pub pushes: AtomicU64,
+    /// Pushes again after no ack.
+    pub redeliveries: AtomicU64,
+    /// Failures a client sees (RETRY for storage, reads that failed).
+    pub errors: AtomicU64,
+    /// The current tier (see [`Tier`]).
+    tier: AtomicU8,
+    /// The last sample.
+    last: Mutex<Health>,
+}
+
+impl Vitals {
+    pub fn count_push(&self, attempt: u32) {
+        let counter = if attempt > 1 { &self.redeliveries } else { &self.pushes };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The delivery tier in force.
+    pub fn tier(&self) -> Tier {
+        Tier::from_u8(self.tier.load(Ordering::Relaxed))
+    }
+
+    /// The last health sample.
+    pub fn last_sample(&self) -> Health {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records a sample and the tier chosen from it.
+    pub fn record(&self, health: Health, tier: Tier) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = health;
+        self.set_tier(tier);
+    }
+
+    pub fn set_tier(&self, tier: Tier) {
+        let previous = Tier::from_u8(self.tier.swap(tier as u8, Ordering::Relaxed));
+        if previous != tier {
+            tracing::warn!(from = previous.name(), to = tier.name(), "delivery tier changed");
+            metrics::gauge!("herald_delivery_tier").set(f64::from(tier as u8));
+        }
+    }
+}
+
+/// Delivery tiers, least degraded first; each sheds what the ones before it shed, and more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[repr(u8)]
+pub enum Tier {
+    /// Push to online devices, retry until acked, backfill on connect.
+    Normal = 0,
+    /// No redelivery: a device that does not ack catches up by sync.
+    OfflineOnly = 1,
+    /// Nor backfill on connect: devices catch up by sync.
+    NoBackfill = 2,
+    /// No message push at all: online devices get `sync_hint` and pull.
+    PullOnly = 3,
+}
+
+impl Tier {
+    fn from_u8(raw: u8) -> Self {
+        match raw {
+            0 => Self::Normal,
+            1 => Self::OfflineOnly,
+            2 => Self::NoBackfill,
+            _ => Self::PullOnly,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Normal => "normal",
+            Self::OfflineOnly => "offline-only",
+            Self::NoBackfill => "no-backfill",
+            Self::PullOnly => "pull-only",
+        }
+    }
+
+    /// Whether unacked pushes are pushed again.
+    pub fn retries(self) -> bool {
+        self < Self::OfflineOnly
+    }
+
+    /// Whether a connecting device is backfilled by push.
+    pub fn backfills(self) -> bool {
+        self < Self::NoBackfill
+    }
+
+    /// Whether live messages are pushed whole (else as `sync_hint`).
+    pub fn pushes(self) -> bool {
+        self < Self::PullOnly
+    }
+}
+
+/// One health sample, as the degrade hook sees it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Health {
+    pub connections: u64,
+    pub send_queue_depth_p99: u32,
+    pub send_queue_depth_max: u32,
+    pub store_latency_p99_ms: u32,
+    pub redelivery_ratio: f32,
+    pub cpu_load: f32,
+    pub errors_per_second: f32,
+}
+
+/// Turns the running counters into per-window rates.
+pub struct Sampler {
+    last_at: Instant,
+    last_pushes: u64,
+    last_redeliveries: u64,
+    last_errors: u64,
+    last_cpu_ticks: Option<u64>,
+    cores: f32,
+}
+
+impl Default for Sampler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sampler {
+    pub fn new() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f32;
+        Self { last_at: Instant::now(), last_pushes: 0, last_redeliveries: 0, last_errors: 0, last_cpu_ticks: cpu_ticks(), cores }
+    }
+
+    /// A snapshot from `vitals`, the queue depths (one per open connection) and the
+    /// store's write latencies.
+    pub fn sample(&mut self, vitals: &Vitals, mut queue_depths: Vec<u32>, store_writes: &LatencyWindow) -> Health {
+        let now = Instant::now();
+        let seconds = now.duration_since(self.last_at).as_secs_f32().max(1e-3);
+        self.last_at = now;
+        let delta = |counter: &AtomicU64, last: &mut u64| {
+            let value = counter.load(Ordering::Relaxed);
+            let delta = value.saturating_sub(*last);
+            *last = value;
+            delta
+        };
+        let pushes = delta(&vitals.pushes, &mut self.last_pushes);
+        let redeliveries = delta(&vitals.redeliveries, &mut self.last_redeliveries);
+        let errors = delta(&vitals.errors, &mut self.last_errors);
+        let ticks = cpu_ticks();
+        let cpu_load = match (ticks, self.last_cpu_ticks) {
+            // /proc reports CPU time in USER_HZ, 100 per second on Linux.
+            (Some(now), Some(before)) => now.saturating_sub(before) as f32 / 100.0 / seconds / self.cores,
+            _ => 0.0,
+        };
+        self.last_cpu_ticks = ticks;
+        Health {
+            connections: queue_depths.len() as u64,
+            send_queue_depth_max: queue_depths.iter().copied().max().unwrap_or(0),
+            send_queue_depth_p99: percentile(&mut queue_depths, 0.99),
+            store_latency_p99_ms: store_writes.take_p99_ms(),
+            redelivery_ratio: if pushes + redeliveries == 0 { 0.0 } else { redeliveries as f32 / (pushes + redeliveries) as f32 },
+            cpu_load,
+            errors_per_second: errors as f32 / seconds,
+        }
+    }
+}
+
+/// This process's user + system CPU time in clock ticks (Linux; `None` elsewhere).
+fn cpu_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may contain spaces) closed by the last ')':
+    // state is the first; utime and stime are the 12th and 13th.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_picks_the_rank() {
+        let mut values: Vec<u32> = (1..=100).rev().collect();
+        assert_eq!(percentile(&mut values, 0.99), 99);
+        assert_eq!(percentile(&mut values, 0.5), 50);
+        assert_eq!(percentile(&mut [7], 0.99), 7);
+        assert_eq!(percentile(&mut [], 0.99), 0);
+    }
+
+    #[test]
+    fn latency_window_reports_p99_in_ms_and_restarts() {
+        let window = LatencyWindow::default();
+        for _ in 0..98 {
+            window.record(Duration::from_micros(200));
+        }
+        window.record(Duration::from_millis(40));
+        window.record(Duration::from_millis(90));
+        assert_eq!(window.take_p99_ms(), 40);
+        assert_eq!(window.take_p99_ms(), 0, "a new window is empty");
+        for _ in 0..10_000 {
+            window.record(Duration::from_millis(3));
+        }
+        assert_eq!(window.take_p99_ms(), 3, "a full window keeps sampling");
+    }
+
+    #[test]
+    fn sampler_turns_counts_into_ratios_and_rates() {
+        let vitals = Vitals::default();
+        let mut sampler = Sampler::new();
+        for attempt in [1, 1, 1, 2] {
+            vitals.count_push(attempt);
+        }
+        vitals.count_error();
+        let writes = LatencyWindow::default();
+        writes.record(Duration::from_millis(12));
+        let health = sampler.sample(&vitals, vec![0, 3, 10], &writes);
+        assert_eq!((health.connections, health.send_queue_depth_max, health.send_queue_depth_p99), (3, 10, 10));
+        assert!((health.redelivery_ratio - 0.25).abs() < 1e-6, "{health:?}");
+        assert_eq!(health.store_latency_p99_ms, 12);
+        assert!(health.errors_per_second > 0.0);
+        let quiet = sampler.sample(&vitals, Vec::new(), &writes);
+        assert_eq!((quiet.redelivery_ratio, quiet.errors_per_second, quiet.connections, quiet.store_latency_p99_ms), (0.0, 0.0, 0, 0));
+    }
+
+    #[test]
+    fn tiers_shed_cumulatively() {
+        let shed: Vec<(bool, bool, bool)> =
+            [Tier::Normal, Tier::OfflineOnly, Tier::NoBackfill, Tier::PullOnly].iter().map(|t| (t.retries(), t.backfills(), t.pushes())).collect();
+        assert_eq!(shed, vec![(true, true, true), (false, true, true), (false, false, true), (false, false, false)]);
+        let vitals = Vitals::default();
+        assert_eq!(vitals.tier(), Tier::Normal);
+        vitals.set_tier(Tier::NoBackfill);
+        assert_eq!(vitals.tier(), Tier::NoBackfill);
+    }
+}

@@ -1,0 +1,100 @@
+//! The consistent-hash ring: which node owns a routing key (ARCHITECTURE.md §2, step 2).
+//!
+//! Each node sits on the ring at `virtual_nodes` points, CRC32 of `"<node>#<i>"`; a key
+//! belongs to the first point at or after CRC32 of the key, wrapping around. Every node that
+//! knows the same members builds the same ring, so they agree on owners without talking;
+//! adding or removing a node moves only the keys next to its points.
+//!
+//! The key itself comes from the `route-key` hook (default: the conversation for sends, the
+//! user otherwise). In embedded mode the ring has one member, this node.
+
+/// Points per node unless configured otherwise.
+pub const DEFAULT_VIRTUAL_NODES: u32 = 160;
+
+/// A ring over a set of node ids.
+#[derive(Debug, Clone)]
+pub struct Ring {
+    /// (point, node), sorted by point.
+    points: Vec<(u32, u32)>,
+}
+
+impl Ring {
+    /// A ring over `nodes` (duplicates ignored), each at `virtual_nodes` points (at least 1).
+    pub fn new(nodes: &[u32], virtual_nodes: u32) -> Self {
+        let mut members = nodes.to_vec();
+        members.sort_unstable();
+        members.dedup();
+        let mut points: Vec<(u32, u32)> = members
+            .iter()
+            .flat_map(|&node| (0..virtual_nodes.max(1)).map(move |i| (crc32fast::hash(format!("{node}#{i}").as_bytes()), node)))
+            .collect();
+        // Ties between nodes (rare CRC collisions) go to the lower node id, on every node.
+        points.sort_unstable();
+        points.dedup_by_key(|(point, _)| *point);
+        Self { points }
+    }
+
+    /// The node owning `key`, or `None` for an empty ring.
+    pub fn owner(&self, key: &str) -> Option<u32> {
+        let hash = crc32fast::hash(key.as_bytes());
+        let at = self.points.partition_point(|&(point, _)| point < hash);
+        self.points.get(at).or_else(|| self.points.first()).map(|&(_, node)| node)
+    }
+
+    /// How many points `node` holds on the ring.
+    pub fn points_of(&self, node: u32) -> usize {
+        self.points.iter().filter(|&&(_, owner)| owner == node).count()
+    }
+
+    /// The distinct nodes on the ring.
+    pub fn nodes(&self) -> Vec<u32> {
+        let mut nodes: Vec<u32> = self.points.iter().map(|&(_, node)| node).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> impl Iterator<Item = String> {
+        (0..10_000).map(|i| format!("room:r{i}"))
+    }
+
+    #[test]
+    fn one_node_owns_everything_and_an_empty_ring_nothing() {
+        let ring = Ring::new(&[7], DEFAULT_VIRTUAL_NODES);
+        assert!(keys().all(|key| ring.owner(&key) == Some(7)));
+        assert_eq!(Ring::new(&[], DEFAULT_VIRTUAL_NODES).owner("dm:a:b"), None);
+    }
+
+    #[test]
+    fn nodes_agree_whatever_order_they_list_members_in() {
+        let a = Ring::new(&[1, 2, 3], DEFAULT_VIRTUAL_NODES);
+        let b = Ring::new(&[3, 1, 2, 2], DEFAULT_VIRTUAL_NODES);
+        assert!(keys().all(|key| a.owner(&key) == b.owner(&key)));
+        assert_eq!(a.nodes(), vec![1, 2, 3]);
+        assert_eq!((1..=3).map(|node| a.points_of(node)).sum::<usize>(), a.points.len());
+    }
+
+    #[test]
+    fn keys_spread_over_nodes_and_a_leaving_node_moves_only_its_own() {
+        let three = Ring::new(&[1, 2, 3], DEFAULT_VIRTUAL_NODES);
+        let mut counts = [0usize; 4];
+        for key in keys() {
+            counts[three.owner(&key).unwrap_or(0) as usize] += 1;
+        }
+        for node in 1..=3 {
+            assert!((2500..4200).contains(&counts[node]), "node {node} owns {} of 10000: {counts:?}", counts[node]);
+        }
+        let two = Ring::new(&[1, 2], DEFAULT_VIRTUAL_NODES);
+        for key in keys() {
+            let before = three.owner(&key);
+            if before != Some(3) {
+                assert_eq!(two.owner(&key), before, "{key} moved though its node stayed");
+            }
+        }
+    }
+}
