@@ -8,12 +8,14 @@
 //! - **Strictly increasing per allocator.** Leases for one conversation are made one at a time
 //!   (a per-conversation refill lock), and each lease is above the last, so seqs handed out in
 //!   order of the per-conversation lock only go up.
-//! - **Renewal does not stall.** Once a segment is `prefetch_at` used, the next one is leased
-//!   in the background; callers only wait when a conversation outruns its prefetch.
+//! - **Renewal does not stall.** Once a segment is `prefetch_at` used, the next ones (up to
+//!   `prefetch_segments`) are leased in the background; callers only wait when a
+//!   conversation outruns its prefetch.
 //! - **Adaptive step.** A segment that lasted less than half the target lifetime doubles the
 //!   next step, one that lasted more than twice halves it, within `[min_step, max_step]`: quiet
 //!   conversations waste few seqs on a crash, hot ones rarely touch the database.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -67,11 +69,15 @@ pub struct SeqConfig {
     pub segment_lifetime: Duration,
     /// Fraction of a segment used before the next one is leased in the background.
     pub prefetch_at: f64,
+    /// Segments kept leased ahead of the one in use (at least 1). More than one absorbs a
+    /// lease that is slow now and then (a busy database, a descheduled thread) without a
+    /// caller waiting, at the cost of more seqs skipped when the node stops.
+    pub prefetch_segments: usize,
 }
 
 impl Default for SeqConfig {
     fn default() -> Self {
-        Self { min_step: 16, max_step: 8192, segment_lifetime: Duration::from_secs(10), prefetch_at: 0.5 }
+        Self { min_step: 16, max_step: 8192, segment_lifetime: Duration::from_secs(10), prefetch_at: 0.5, prefetch_segments: 2 }
     }
 }
 
@@ -86,6 +92,9 @@ impl SeqConfig {
                 "seq.min_step ({}) must be at least 1 and at most seq.max_step ({})",
                 self.min_step, self.max_step
             ));
+        }
+        if self.prefetch_segments == 0 || self.prefetch_segments > 64 {
+            return Err(format!("seq.prefetch_segments ({}) must be 1..=64", self.prefetch_segments));
         }
         if !(0.0..1.0).contains(&self.prefetch_at) {
             return Err(format!("seq.prefetch_at ({}) must be in [0, 1)", self.prefetch_at));
@@ -117,13 +126,13 @@ struct Segments {
     next: u64,
     /// Last seq of the current segment; the segment is used up when `next > last`.
     last: u64,
-    /// A segment leased ahead of need.
-    queued: Option<SeqRange>,
+    /// Segments leased ahead of need, oldest first.
+    queued: VecDeque<SeqRange>,
     /// A background lease is under way.
     prefetching: bool,
     /// Size of the next lease.
     step: u64,
-    /// When the last lease arrived, to adapt the step.
+    /// When the segment in use was started, to adapt the step.
     leased_at: Option<Instant>,
 }
 
@@ -141,7 +150,7 @@ impl Conversation {
             segments: Mutex::new(Segments {
                 next: 1,
                 last: 0,
-                queued: None,
+                queued: VecDeque::new(),
                 prefetching: false,
                 step,
                 leased_at: None,
@@ -155,14 +164,11 @@ impl Conversation {
         self.segments.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn take(&self, prefetch_at: f64) -> Take {
+    fn take(&self, config: &SeqConfig) -> Take {
         let mut s = self.lock();
         if s.next > s.last {
-            match s.queued.take() {
-                Some(range) => {
-                    s.next = range.first;
-                    s.last = range.last;
-                }
+            match s.queued.pop_front() {
+                Some(range) => s.start(range, config),
                 None => return Take::Empty,
             }
         }
@@ -170,8 +176,8 @@ impl Conversation {
         s.next += 1;
         let remaining = s.last + 1 - s.next;
         // Prefetch once the remainder drops to (1 - prefetch_at) of a step.
-        let threshold = ((s.step as f64) * (1.0 - prefetch_at)) as u64;
-        let prefetch = !s.prefetching && s.queued.is_none() && remaining <= threshold;
+        let threshold = ((s.step as f64) * (1.0 - config.prefetch_at)) as u64;
+        let prefetch = !s.prefetching && s.queued.len() < config.prefetch_segments && remaining <= threshold;
         if prefetch {
             s.prefetching = true;
         }
@@ -180,19 +186,31 @@ impl Conversation {
 
     fn has_available(&self) -> bool {
         let s = self.lock();
-        s.next <= s.last || s.queued.is_some()
+        s.next <= s.last || !s.queued.is_empty()
     }
 
-    /// Adds a freshly leased range and adapts the step to how long the last one lasted.
+    /// Adds a freshly leased range: in use at once if nothing else is left, else queued.
     fn push(&self, range: SeqRange, config: &SeqConfig) {
         let mut s = self.lock();
-        debug_assert!(range.first > s.last, "leases must only go up: {range:?} after {}", s.last);
-        if s.next > s.last {
-            s.next = range.first;
-            s.last = range.last;
+        debug_assert!(range.first > s.queued.back().map_or(s.last, |r| r.last), "leases must only go up: {range:?}");
+        if s.next > s.last && s.queued.is_empty() {
+            s.start(range, config);
         } else {
-            s.queued = Some(range);
+            s.queued.push_back(range);
         }
+    }
+
+    fn step(&self) -> u64 {
+        self.lock().step
+    }
+}
+
+impl Segments {
+    /// Puts `range` in use and adapts the step to how long the previous segment lasted.
+    fn start(&mut self, range: SeqRange, config: &SeqConfig) {
+        self.next = range.first;
+        self.last = range.last;
+        let s = self;
         let now = Instant::now();
         if let Some(previous) = s.leased_at {
             let lasted = now.duration_since(previous);
@@ -203,10 +221,6 @@ impl Conversation {
             }
         }
         s.leased_at = Some(now);
-    }
-
-    fn step(&self) -> u64 {
-        self.lock().step
     }
 }
 
@@ -226,7 +240,7 @@ impl SeqAllocator {
         loop {
             // Fast path: a seq from memory, under the map's shard read lock, no allocation.
             let taken =
-                self.conversations.get(conversation).map(|entry| entry.take(self.config.prefetch_at));
+                self.conversations.get(conversation).map(|entry| entry.take(&self.config));
             match taken {
                 Some(Take::Seq(seq, prefetch)) => {
                     if prefetch {
@@ -252,20 +266,27 @@ impl SeqAllocator {
         Ok(())
     }
 
+    /// Leases in the background until `prefetch_segments` segments wait ahead.
     fn spawn_prefetch(self: &Arc<Self>, conversation: ConversationId) {
         let allocator = Arc::clone(self);
         tokio::spawn(async move {
             let entry = allocator.entry(&conversation);
-            let _refilling = entry.refill.lock().await;
-            let result = if entry.lock().queued.is_some() {
-                Ok(())
-            } else {
-                allocator
-                    .leaser
-                    .lease(&conversation, entry.step())
-                    .await
-                    .map(|range| entry.push(range, &allocator.config))
-            };
+            let mut result = Ok(());
+            loop {
+                // One lease per turn of the (fair) refill lock, so a caller that ran dry
+                // takes the segment just leased rather than waiting for the whole queue.
+                let _refilling = entry.refill.lock().await;
+                if entry.lock().queued.len() >= allocator.config.prefetch_segments {
+                    break;
+                }
+                match allocator.leaser.lease(&conversation, entry.step()).await {
+                    Ok(range) => entry.push(range, &allocator.config),
+                    Err(error) => {
+                        result = Err(error);
+                        break;
+                    }
+                }
+            }
             entry.lock().prefetching = false;
             if let Err(error) = result {
                 // The next caller to run out leases in the foreground and sees the error.
@@ -343,8 +364,8 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(2)).await; // the prefetch task runs
         }
         assert_eq!(last, 100, "no gaps while nothing crashed");
-        // 10 segments used, and the 11th already prefetched.
-        assert_eq!(leaser.leases.load(Ordering::SeqCst), 11);
+        // 10 segments used, and `prefetch_segments` more already leased ahead.
+        assert_eq!(leaser.leases.load(Ordering::SeqCst), 10 + SeqConfig::default().prefetch_segments);
     }
 
     #[tokio::test(start_paused = true)]

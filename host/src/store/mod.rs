@@ -222,12 +222,16 @@ impl Database {
                         source,
                     })?;
                 }
+                // A local file cannot drop a connection the way a server can: pinging each
+                // connection before handing it out only adds a round trip to every query.
                 let writer = SqlitePoolOptions::new()
+                    .test_before_acquire(false)
                     .max_connections(1)
                     .acquire_timeout(config.connect_timeout)
                     .connect_with(options.clone())
                     .await?;
                 let reader = SqlitePoolOptions::new()
+                    .test_before_acquire(false)
                     .max_connections(config.max_connections)
                     .acquire_timeout(config.connect_timeout)
                     .connect_with(options)
