@@ -5,14 +5,7 @@ use crate::support::{TestHost, install, message, no_quarantine};
 use herald_plugin_runtime::{PluginHostConfig, PluginState, types::MessageDecision};
 use std::time::{Duration, Instant};
 
-const DENY_200MS: &str = r#"
-hooks = ["message-policy"]
-[failure]
-message-policy = "deny"
-[limits]
-deadline_ms = 200
-memory_mib = 4
-"#;
+const DENY_200MS: &str = include_str!("../guests/hostile/plugin.toml");
 
 fn rejected_for_failure(d: &MessageDecision) -> bool {
     matches!(d, MessageDecision::Reject(r) if r.code == "plugin-failed")
