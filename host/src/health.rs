@@ -102,7 +102,7 @@ impl Vitals {
         self.set_tier(tier);
     }
 
-    pub fn set_tier(&self, tier: Tier) {
+    fn set_tier(&self, tier: Tier) {
         let previous = Tier::from_u8(self.tier.swap(tier as u8, Ordering::Relaxed));
         if previous != tier {
             tracing::warn!(from = previous.name(), to = tier.name(), "delivery tier changed");

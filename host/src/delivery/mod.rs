@@ -73,15 +73,18 @@ impl Delivery {
     /// pull-only tier they get a `sync_hint` instead, and pull.
     pub async fn fan_out(self: &Arc<Self>, message: Arc<StoredMessage>) {
         let Ok(conversation) = ConversationId::parse(&message.conversation) else { return };
-        let whole = self.vitals.tier().pushes();
-        let wire = wire_message(&message);
+        // Pull-only: no message is built, only hints go out.
+        let wire = self.vitals.tier().pushes().then(|| wire_message(&message));
         let members: Vec<UserId> = match conversation.kind() {
             ConversationKind::Room(_) => {
                 for id in self.rooms.subscribers(&conversation) {
                     if let Some(connection) = self.connections.get(id)
                         && !is_own(&connection, &message)
                     {
-                        connection.push(if whole { deliver(wire.clone(), 1) } else { sync_hint(&message) });
+                        connection.push(match &wire {
+                            Some(wire) => deliver(wire.clone(), 1),
+                            None => sync_hint(&message),
+                        });
                     }
                 }
                 return;
@@ -110,10 +113,12 @@ impl Delivery {
                 if !connection.is_live() || is_own(&connection, &message) {
                     continue;
                 }
-                if !whole {
-                    connection.push(sync_hint(&message));
-                } else if connection.claim_push(&conversation, message.seq) {
-                    self.push_tracked(&connection, &conversation, wire.clone(), 1);
+                match &wire {
+                    None => _ = connection.push(sync_hint(&message)),
+                    Some(wire) if connection.claim_push(&conversation, message.seq) => {
+                        self.push_tracked(&connection, &conversation, wire.clone(), 1);
+                    }
+                    Some(_) => {}
                 }
             }
         }

@@ -70,8 +70,7 @@ impl Delivery {
     pub async fn backfill(self: &Arc<Self>, connection: Arc<Connection>) {
         if !self.vitals.tier().backfills() {
             // Degraded: the device catches up by sync instead.
-            connection.set_live();
-            connection.end_claims();
+            connection.skip_backfill();
             return;
         }
         let Ok(_permit) = self.backfill_permits.acquire().await else { return };
@@ -80,8 +79,7 @@ impl Delivery {
             Err(error) => {
                 tracing::warn!(%error, "backfill: storage unavailable; the device can sync");
                 self.vitals.count_error();
-                connection.set_live();
-                connection.end_claims();
+                connection.skip_backfill();
                 return;
             }
         };

@@ -171,6 +171,13 @@ impl Connection {
         first
     }
 
+    /// No backfill for this connection: live pushes go through now, and what the device
+    /// lacks it pulls with `sync`.
+    pub fn skip_backfill(&self) {
+        self.set_live();
+        self.end_claims();
+    }
+
     /// Backfill is over: from now on a live push is skipped only if backfill pushed it.
     pub fn end_claims(&self) {
         self.claims.lock().unwrap_or_else(|p| p.into_inner()).backfill_done = true;

@@ -133,7 +133,7 @@ struct Segments {
     /// Size of the next lease.
     step: u64,
     /// When the segment in use was started, to adapt the step.
-    leased_at: Option<Instant>,
+    started_at: Option<Instant>,
 }
 
 /// What one attempt at the fast path found.
@@ -153,7 +153,7 @@ impl Conversation {
                 queued: VecDeque::new(),
                 prefetching: false,
                 step,
-                leased_at: None,
+                started_at: None,
             }),
             refill: tokio::sync::Mutex::new(()),
         }
@@ -210,17 +210,16 @@ impl Segments {
     fn start(&mut self, range: SeqRange, config: &SeqConfig) {
         self.next = range.first;
         self.last = range.last;
-        let s = self;
         let now = Instant::now();
-        if let Some(previous) = s.leased_at {
+        if let Some(previous) = self.started_at {
             let lasted = now.duration_since(previous);
             if lasted < config.segment_lifetime / 2 {
-                s.step = (s.step * 2).min(config.max_step);
+                self.step = (self.step * 2).min(config.max_step);
             } else if lasted > config.segment_lifetime * 2 {
-                s.step = (s.step / 2).max(config.min_step);
+                self.step = (self.step / 2).max(config.min_step);
             }
         }
-        s.leased_at = Some(now);
+        self.started_at = Some(now);
     }
 }
 
