@@ -58,16 +58,35 @@ fn main() {
     });
 }
 
-async fn open(backend: Backend, sqlite_synchronous: SqliteSynchronous) -> (ScratchDatabase, Database) {
+/// A scratch database set up as `herald serve` sets it up, background WAL checkpoints
+/// included; `close` it when done.
+struct Bench {
+    scratch: ScratchDatabase,
+    database: Database,
+    checkpoints: tokio::task::JoinHandle<()>,
+}
+
+async fn open(backend: Backend, sqlite_synchronous: SqliteSynchronous) -> Bench {
     let scratch = ScratchDatabase::create(backend, "herald_bench").await.unwrap_or_else(|error| panic!("{error}"));
     let config = StorageConfig { max_connections: 8, sqlite_synchronous, ..StorageConfig::default() };
     let database = Database::connect(&scratch.url, &config).await.expect("connect");
     database.migrate().await.expect("migrate");
-    (scratch, database)
+    let checkpoints =
+        tokio::spawn(database.clone().checkpoint_periodically(Duration::from_millis(config.sqlite_checkpoint_ms)));
+    Bench { scratch, database, checkpoints }
+}
+
+impl Bench {
+    async fn close(self) {
+        self.checkpoints.abort();
+        self.database.close().await;
+        self.scratch.drop_database().await.expect("drop");
+    }
 }
 
 async fn renewals() {
-    let (scratch, database) = open(Backend::Sqlite, SqliteSynchronous::Full).await;
+    let bench = open(Backend::Sqlite, SqliteSynchronous::Full).await;
+    let database = bench.database.clone();
     let conversation = ConversationId::parse("room:renewals").expect("valid");
     // A caller in a tight loop (~50 ns a call: a segment of 1000 lasts ~50 µs, shorter than
     // one lease round trip, so it always outruns the prefetch), then one paced at 1 M seqs/s
@@ -119,12 +138,12 @@ async fn renewals() {
         leases.value_at_quantile(0.999),
         leases.max()
     );
-    database.close().await;
-    scratch.drop_database().await.expect("drop");
+    bench.close().await;
 }
 
 async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchronous, client_ids: ClientIds) {
-    let (scratch, database) = open(backend, sqlite_synchronous).await;
+    let bench = open(backend, sqlite_synchronous).await;
+    let database = bench.database.clone();
     let group_commit = GroupCommitConfig::default();
     let committer = GroupCommitter::start(database.clone(), &group_commit);
     let ids = Arc::new(SnowflakeGenerator::new(3).expect("node id"));
@@ -186,8 +205,7 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
         group_commit.max_batch
     );
     committer.close().await;
-    database.close().await;
-    scratch.drop_database().await.expect("drop");
+    bench.close().await;
 }
 
 /// How the benchmark's clients make their `client_msg_id`s.

@@ -173,9 +173,12 @@ pub struct StorageConfig {
     pub sqlite_cache_mib: u32,
     /// SQLite copies the WAL into the database in the background this often, in ms.
     pub sqlite_checkpoint_ms: u64,
-    /// Backstop: a commit checkpoints by itself once the WAL holds this many 4 KiB pages
+    /// Backstop: a commit checkpoints by itself once the WAL holds this many pages
     /// (only when the background checkpoints fall behind).
     pub sqlite_wal_autocheckpoint_pages: u32,
+    /// SQLite page size in bytes (a power of two, 512..=65536), used when the database file
+    /// is created; an existing file keeps the size it was made with.
+    pub sqlite_page_size: u32,
     /// Group commit of message inserts.
     pub group_commit: GroupCommitConfig,
 }
@@ -190,6 +193,7 @@ impl Default for StorageConfig {
             sqlite_cache_mib: 64,
             sqlite_checkpoint_ms: 1_000,
             sqlite_wal_autocheckpoint_pages: 65_536,
+            sqlite_page_size: 8192,
             group_commit: GroupCommitConfig::default(),
         }
     }
@@ -315,6 +319,12 @@ impl Config {
                 "storage.group_commit.writers and .queue must be at least 1".into(),
             ));
         }
+        let page = self.storage.sqlite_page_size;
+        if !(512..=65_536).contains(&page) || !page.is_power_of_two() {
+            return Err(ConfigError::Invalid(format!(
+                "storage.sqlite_page_size {page} must be a power of two from 512 to 65536"
+            )));
+        }
         if self.storage.max_connections == 0 {
             return Err(ConfigError::Invalid("storage.max_connections must be at least 1".into()));
         }
@@ -428,5 +438,20 @@ mod tests {
         let flags = Overrides { listen: Some("0.0.0.0:7070".parse().expect("addr")), dev: true, ..Overrides::default() };
         let error = Config::load_from(None, env(&[]), &flags).expect_err("dev on a public address");
         assert!(error.to_string().contains("loopback"), "{error}");
+
+        let error = Config::load_from(None, env(&[("HERALD_STORAGE__SQLITE_PAGE_SIZE", "3000")]), &Overrides::default())
+            .expect_err("page size not a power of two");
+        assert!(error.to_string().contains("sqlite_page_size 3000"), "{error}");
+        let error = Config::load_from(None, env(&[("HERALD_SEQ__PREFETCH_SEGMENTS", "0")]), &Overrides::default())
+            .expect_err("no prefetch");
+        assert!(error.to_string().contains("prefetch_segments (0)"), "{error}");
+    }
+
+    #[test]
+    fn seq_durations_are_read_in_milliseconds_under_their_documented_keys() {
+        let vars = env(&[("HERALD_SEQ__SEGMENT_LIFETIME_MS", "2500"), ("HERALD_SEQ__PREFETCH_AHEAD_MS", "20")]);
+        let config = Config::load_from(None, vars, &Overrides::default()).expect("loads");
+        assert_eq!(config.seq.segment_lifetime, Duration::from_millis(2500));
+        assert_eq!(config.seq.prefetch_ahead, Duration::from_millis(20));
     }
 }

@@ -65,7 +65,7 @@ pub struct SeqConfig {
     /// Largest segment, used for the hottest conversations.
     pub max_step: u64,
     /// How long a segment should last; the step adapts towards it.
-    #[serde(with = "crate::config::millis")]
+    #[serde(rename = "segment_lifetime_ms", with = "crate::config::millis")]
     pub segment_lifetime: Duration,
     /// Fraction of a segment used before the next one is leased in the background.
     pub prefetch_at: f64,
@@ -73,11 +73,16 @@ pub struct SeqConfig {
     /// lease that is slow now and then (a busy database, a descheduled thread) without a
     /// caller waiting, at the cost of more seqs skipped when the node stops.
     pub prefetch_segments: usize,
+    /// When a conversation uses segments faster than this (its step is held at `max_step`),
+    /// more segments are kept ahead, enough for this long at its current pace (at most 64):
+    /// a lease that is slow now and then is then absorbed however hot the conversation.
+    #[serde(rename = "prefetch_ahead_ms", with = "crate::config::millis")]
+    pub prefetch_ahead: Duration,
 }
 
 impl Default for SeqConfig {
     fn default() -> Self {
-        Self { min_step: 16, max_step: 8192, segment_lifetime: Duration::from_secs(10), prefetch_at: 0.5, prefetch_segments: 2 }
+        Self { min_step: 16, max_step: 8192, segment_lifetime: Duration::from_secs(10), prefetch_at: 0.5, prefetch_segments: 2, prefetch_ahead: Duration::from_millis(50) }
     }
 }
 
@@ -93,8 +98,8 @@ impl SeqConfig {
                 self.min_step, self.max_step
             ));
         }
-        if self.prefetch_segments == 0 || self.prefetch_segments > 64 {
-            return Err(format!("seq.prefetch_segments ({}) must be 1..=64", self.prefetch_segments));
+        if self.prefetch_segments == 0 || self.prefetch_segments > MAX_PREFETCH {
+            return Err(format!("seq.prefetch_segments ({}) must be 1..={MAX_PREFETCH}", self.prefetch_segments));
         }
         if !(0.0..1.0).contains(&self.prefetch_at) {
             return Err(format!("seq.prefetch_at ({}) must be in [0, 1)", self.prefetch_at));
@@ -102,6 +107,9 @@ impl SeqConfig {
         Ok(())
     }
 }
+
+/// Most segments ever kept leased ahead of the one in use.
+const MAX_PREFETCH: usize = 64;
 
 /// Hands out seqs for every conversation this node owns.
 pub struct SeqAllocator {
@@ -134,6 +142,8 @@ struct Segments {
     step: u64,
     /// When the segment in use was started, to adapt the step.
     started_at: Option<Instant>,
+    /// How long the previous segment lasted, to size the prefetch.
+    last_lifetime: Option<Duration>,
 }
 
 /// What one attempt at the fast path found.
@@ -154,6 +164,7 @@ impl Conversation {
                 prefetching: false,
                 step,
                 started_at: None,
+                last_lifetime: None,
             }),
             refill: tokio::sync::Mutex::new(()),
         }
@@ -177,7 +188,7 @@ impl Conversation {
         let remaining = s.last + 1 - s.next;
         // Prefetch once the remainder drops to (1 - prefetch_at) of a step.
         let threshold = ((s.step as f64) * (1.0 - config.prefetch_at)) as u64;
-        let prefetch = !s.prefetching && s.queued.len() < config.prefetch_segments && remaining <= threshold;
+        let prefetch = !s.prefetching && s.queued.len() < s.depth(config) && remaining <= threshold;
         if prefetch {
             s.prefetching = true;
         }
@@ -218,8 +229,18 @@ impl Segments {
             } else if lasted > config.segment_lifetime * 2 {
                 self.step = (self.step / 2).max(config.min_step);
             }
+            self.last_lifetime = Some(lasted);
         }
         self.started_at = Some(now);
+    }
+
+    /// How many segments to keep leased ahead: `prefetch_segments`, or more when segments
+    /// last less than `prefetch_ahead`, enough to cover it at the pace of the last one.
+    fn depth(&self, config: &SeqConfig) -> usize {
+        let Some(lifetime) = self.last_lifetime else { return config.prefetch_segments };
+        let lifetime = lifetime.as_nanos().max(1);
+        let needed = config.prefetch_ahead.as_nanos().div_ceil(lifetime);
+        usize::try_from(needed).unwrap_or(MAX_PREFETCH).clamp(config.prefetch_segments, MAX_PREFETCH)
     }
 }
 
@@ -275,7 +296,11 @@ impl SeqAllocator {
                 // One lease per turn of the (fair) refill lock, so a caller that ran dry
                 // takes the segment just leased rather than waiting for the whole queue.
                 let _refilling = entry.refill.lock().await;
-                if entry.lock().queued.len() >= allocator.config.prefetch_segments {
+                let enough = {
+                    let s = entry.lock();
+                    s.queued.len() >= s.depth(&allocator.config)
+                };
+                if enough {
                     break;
                 }
                 match allocator.leaser.lease(&conversation, entry.step()).await {
@@ -321,17 +346,20 @@ mod tests {
 
     /// An in-memory `session_seq` table: pure logic, so a fake is fair here. The real
     /// backends are tested in `tests/` against SQLite, MariaDB and PostgreSQL.
+    /// Each lease takes 1 ms, unless `delays_ms` says otherwise (popped one per lease).
     #[derive(Default)]
     struct MemoryLeaser {
         max: Mutex<HashMap<String, u64>>,
         leases: AtomicUsize,
+        delays_ms: Mutex<VecDeque<u64>>,
     }
 
     #[async_trait]
     impl SegmentLeaser for MemoryLeaser {
         async fn lease(&self, conversation: &ConversationId, step: u64) -> Result<SeqRange, LeaseError> {
             self.leases.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            let delay = self.delays_ms.lock().expect("not poisoned").pop_front().unwrap_or(1);
+            tokio::time::sleep(Duration::from_millis(delay)).await;
             let mut max = self.max.lock().expect("not poisoned");
             let high = max.entry(conversation.as_str().to_owned()).or_default();
             let first = *high + 1;
@@ -347,7 +375,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn seqs_increase_and_prefetch_keeps_ahead() {
         let leaser = Arc::new(MemoryLeaser::default());
-        let config = SeqConfig { min_step: 10, max_step: 10, ..SeqConfig::default() };
+        // Segments last 20 ms here; keep only `prefetch_segments` ahead whatever the pace.
+        let config = SeqConfig { min_step: 10, max_step: 10, prefetch_ahead: Duration::ZERO, ..SeqConfig::default() };
         let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
         let room = conversation("room:lobby");
         let mut last = 0;
@@ -365,6 +394,41 @@ mod tests {
         assert_eq!(last, 100, "no gaps while nothing crashed");
         // 10 segments used, and `prefetch_segments` more already leased ahead.
         assert_eq!(leaser.leases.load(Ordering::SeqCst), 10 + SeqConfig::default().prefetch_segments);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_conversation_held_at_max_step_keeps_enough_ahead_to_ride_out_a_slow_lease() {
+        let leaser = Arc::new(MemoryLeaser::default());
+        let config = SeqConfig { min_step: 10, max_step: 10, prefetch_ahead: Duration::from_millis(20), ..SeqConfig::default() };
+        let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
+        let room = conversation("room:hot");
+        // Leases are quick at first (0 ms) while the caller uses 10 seqs (a segment) a ms.
+        leaser.delays_ms.lock().expect("not poisoned").extend([0; 200]);
+        for _ in 0..100 {
+            for _ in 0..10 {
+                allocator.next(&room).await.expect("lease");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Then one lease takes 10 ms: ten segments' worth. Two segments ahead would run
+        // dry; 20 ms ahead must not.
+        {
+            let mut delays = leaser.delays_ms.lock().expect("not poisoned");
+            delays.clear();
+            delays.push_back(10);
+            delays.extend([0; 200]);
+        }
+        let mut last = 0;
+        for ms in 0..50 {
+            for _ in 0..10 {
+                let started = Instant::now();
+                let seq = allocator.next(&room).await.expect("lease");
+                assert_eq!(started.elapsed(), Duration::ZERO, "a call waited for a lease at {ms} ms");
+                assert!(seq > last);
+                last = seq;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     #[tokio::test(start_paused = true)]

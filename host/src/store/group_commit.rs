@@ -139,7 +139,9 @@ async fn write_batches(
         metrics::histogram!("herald_store_batch_rows").record(messages.len() as f64);
         let started = std::time::Instant::now();
         let results = database.insert_messages(&messages).await;
-        latency.record(started.elapsed());
+        let took = started.elapsed();
+        latency.record(took);
+        metrics::histogram!("herald_store_batch_seconds").record(took.as_secs_f64());
         for (waiter, result) in waiters.into_iter().zip(results) {
             // A caller that gave up waiting does not undo the write.
             let _ = waiter.send(result);

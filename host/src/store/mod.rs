@@ -199,6 +199,7 @@ impl Database {
                 let options = SqliteConnectOptions::from_str(url)?
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
+                    .page_size(config.sqlite_page_size)
                     // Only message commits fsync (see `durable_commit_on`): a seq lease, a
                     // cursor or a membership row written before a durable commit is made
                     // durable by it, and losing one written after costs nothing but a

@@ -5,8 +5,12 @@ use super::Sql;
 
 /// The SQLite dialect.
 pub const SQL: Sql = Sql {
-    insert_messages: "INSERT INTO messages (id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms) ",
-    insert_messages_tail: " ON CONFLICT DO NOTHING",
+    // `OR IGNORE` rather than `ON CONFLICT DO NOTHING`: the same for the unique indexes, but
+    // no constraint is left that could abort the statement halfway, so SQLite keeps no
+    // statement journal (a copy of every page a multi-row insert touches, a tenth of the
+    // writer's time).
+    insert_messages: "INSERT OR IGNORE INTO messages (id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms) ",
+    insert_messages_tail: "",
     insert_count_is_exact: true,
     message_by_client_id: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE sender = ? AND client_msg_id = ?",
     messages_after: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = ? AND seq > ? ORDER BY seq ASC LIMIT ?",
