@@ -114,9 +114,10 @@ async fn renewals() {
             last = seq;
         }
         println!(
-            "renewals ({label}): {calls} seqs in {:.1} s ({} segments of 1000), per call p50 {} ns, p99 {} ns, p99.99 {} ns, worst {:.3} ms, {over_1ms} calls over 1 ms (target: worst < 1 ms)",
+            "renewals ({label}): {calls} seqs in {:.1} s ({} segments of 1000, {} waited for), per call p50 {} ns, p99 {} ns, p99.99 {} ns, worst {:.3} ms, {over_1ms} calls over 1 ms (target: worst < 1 ms)",
             started.elapsed().as_secs_f64(),
             last / 1000,
+            allocator.foreground_leases(),
             latencies.value_at_quantile(0.5),
             latencies.value_at_quantile(0.99),
             latencies.value_at_quantile(0.9999),

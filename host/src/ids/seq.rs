@@ -16,6 +16,7 @@
 //!   conversations waste few seqs on a crash, hot ones rarely touch the database.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -119,6 +120,8 @@ pub struct SeqAllocator {
     config: SeqConfig,
     /// Local segments, one entry per conversation seen.
     conversations: DashMap<ConversationId, Arc<Conversation>, foldhash::fast::RandomState>,
+    /// Leases a caller had to wait for (its conversation outran the prefetch).
+    foreground_leases: AtomicU64,
 }
 
 /// One conversation's local segments.
@@ -247,7 +250,7 @@ impl Segments {
 impl SeqAllocator {
     /// An allocator leasing from `leaser`.
     pub fn new(leaser: Arc<dyn SegmentLeaser>, config: SeqConfig) -> Self {
-        Self { leaser, config, conversations: DashMap::default() }
+        Self { leaser, config, conversations: DashMap::default(), foreground_leases: AtomicU64::new(0) }
     }
 
     /// The next seq of `conversation`: above every seq this allocator gave it before, and
@@ -281,6 +284,7 @@ impl SeqAllocator {
             return Ok(()); // a prefetch or another caller got there first
         }
         metrics::counter!("herald_seq_foreground_leases_total").increment(1);
+        self.foreground_leases.fetch_add(1, Ordering::Relaxed);
         let range = self.leaser.lease(conversation, entry.step()).await?;
         entry.push(range, &self.config);
         Ok(())
@@ -332,6 +336,12 @@ impl SeqAllocator {
         )
     }
 
+    /// How many leases callers have waited for since this allocator started: one per
+    /// conversation to start with, more only when a conversation outran its prefetch.
+    pub fn foreground_leases(&self) -> u64 {
+        self.foreground_leases.load(Ordering::Relaxed)
+    }
+
     /// The step the next lease of `conversation` will ask for (for tests and metrics).
     pub fn current_step(&self, conversation: &ConversationId) -> Option<u64> {
         self.conversations.get(conversation).map(|entry| entry.step())
@@ -342,7 +352,7 @@ impl SeqAllocator {
 mod tests {
     use super::*;
     use std::collections::HashMap;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
 
     /// An in-memory `session_seq` table: pure logic, so a fake is fair here. The real
     /// backends are tested in `tests/` against SQLite, MariaDB and PostgreSQL.
@@ -429,6 +439,7 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        assert_eq!(allocator.foreground_leases(), 1, "only the very first segment is waited for");
     }
 
     #[tokio::test(start_paused = true)]
