@@ -296,7 +296,7 @@ impl PluginHost {
                         content_hash: Some(p.content_hash.clone()),
                         hooks: p.hooks.clone(),
                         order: Some(p.settings.order),
-                        calls: p.stats.calls.load(Relaxed),
+                        calls: p.stats.calls(),
                         failures: p.stats.failures.load(Relaxed),
                         timeouts: p.stats.timeouts.load(Relaxed),
                         quarantines: p.stats.quarantines.load(Relaxed),

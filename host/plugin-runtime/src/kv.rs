@@ -84,8 +84,41 @@ fn full_key(scope: &str, key: &str) -> String {
     k
 }
 
-fn deadline(now: u64, ttl: Option<Duration>) -> Option<u64> {
-    ttl.map(|t| now.saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)))
+/// Longest `scope\0key` that [`with_lookup_key`] builds on the stack.
+const STACK_KEY_BYTES: usize = 128;
+
+/// Calls `f` with `scope\0key`. Reads and deletes only look the key up, so a short one is
+/// built on the stack rather than allocated: a plugin reads its KV on most calls.
+fn with_lookup_key<R>(scope: &str, key: &str, f: impl FnOnce(&str) -> R) -> R {
+    let len = scope.len() + 1 + key.len();
+    if len <= STACK_KEY_BYTES {
+        let mut buf = [0u8; STACK_KEY_BYTES];
+        buf[..scope.len()].copy_from_slice(scope.as_bytes());
+        buf[scope.len() + 1..len].copy_from_slice(key.as_bytes());
+        // Two strings joined by NUL are UTF-8, so this check cannot fail.
+        if let Ok(k) = std::str::from_utf8(&buf[..len]) {
+            return f(k);
+        }
+    }
+    f(&full_key(scope, key))
+}
+
+/// The time of one operation, read from the clock at most once and only if the answer
+/// depends on it: a key with a TTL, a full store, a TTL to set. Reading a plain key
+/// never needs it, and a clock read costs as much as the rest of such a lookup.
+struct Now<'a> {
+    clock: &'a dyn Clock,
+    ms: Option<u64>,
+}
+
+impl Now<'_> {
+    fn ms(&mut self) -> u64 {
+        *self.ms.get_or_insert_with(|| self.clock.now_ms())
+    }
+}
+
+fn deadline(now: &mut Now<'_>, ttl: Option<Duration>) -> Option<u64> {
+    ttl.map(|t| now.ms().saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)))
 }
 
 impl MemoryKv {
@@ -115,28 +148,31 @@ impl MemoryKv {
 
     /// Runs `f` on the map with expired entries of `key` removed, making room first if a
     /// new entry may be added.
-    fn with_live<R>(&self, key: &str, f: impl FnOnce(&mut HashMap<String, Entry>, u64) -> Result<R, KvError>)
-    -> Result<R, KvError> {
-        let now = self.clock.now_ms();
+    fn with_live<R>(
+        &self,
+        key: &str,
+        f: impl FnOnce(&mut HashMap<String, Entry>, &mut Now<'_>) -> Result<R, KvError>,
+    ) -> Result<R, KvError> {
+        let mut now = Now { clock: &*self.clock, ms: None };
         let mut map = self.map.lock();
-        if map.get(key).is_some_and(|e| e.expires_at_ms.is_some_and(|x| x <= now)) {
+        if map.get(key).and_then(|e| e.expires_at_ms).is_some_and(|x| x <= now.ms()) {
             map.remove(key);
         }
         if map.len() >= self.limits.max_entries && !map.contains_key(key) {
+            let now = now.ms();
             map.retain(|_, e| e.expires_at_ms.is_none_or(|x| x > now));
             if map.len() >= self.limits.max_entries {
                 return Err(KvError::TooLarge(format!("store holds {} entries, the cap", map.len())));
             }
         }
-        f(&mut map, now)
+        f(&mut map, &mut now)
     }
 }
 
 #[async_trait]
 impl PluginKv for MemoryKv {
     async fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError> {
-        let k = full_key(scope, key);
-        self.with_live(&k, |m, _| Ok(m.get(&k).map(|e| e.value.clone())))
+        with_lookup_key(scope, key, |k| self.with_live(k, |m, _| Ok(m.get(k).map(|e| e.value.clone()))))
     }
 
     async fn set(&self, scope: &str, key: &str, value: Vec<u8>, ttl: Option<Duration>) -> Result<(), KvError> {
@@ -177,8 +213,7 @@ impl PluginKv for MemoryKv {
     }
 
     async fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError> {
-        let k = full_key(scope, key);
-        self.with_live(&k, |m, _| Ok(m.remove(&k).is_some()))
+        with_lookup_key(scope, key, |k| self.with_live(k, |m, _| Ok(m.remove(k).is_some())))
     }
 }
 

@@ -129,11 +129,13 @@ pub(crate) struct StoreState {
     /// Wasm code is stopped by the epoch deadline instead, which costs no timer.
     pub deadline: tokio::time::Instant,
     /// The time budget `deadline` was derived from, for messages.
-    pub budget: Duration,
+    budget: Duration,
 }
 
 impl StoreState {
-    pub fn new(ctx: Arc<PluginContext>) -> Self {
+    /// State for a new instance; `deadline` bounds host calls made while instantiating and
+    /// is moved forward by each hook call to its start plus `budget`.
+    pub fn new(ctx: Arc<PluginContext>, deadline: tokio::time::Instant, budget: Duration) -> Self {
         // No preopens, no env, no args, no network: stdio goes nowhere.
         let wasi = WasiCtx::builder()
             .wall_clock(WallClock(ctx.clock.clone()))
@@ -143,7 +145,6 @@ impl StoreState {
             memory_cap: ctx.limits.memory_bytes(),
             table_cap: usize::try_from(ctx.limits.table_elements).unwrap_or(usize::MAX),
         };
-        let budget = ctx.limits.deadline() * 2;
         Self {
             ctx,
             wasi,
@@ -151,7 +152,7 @@ impl StoreState {
             sandbox,
             host_calls: 0,
             last_error_log: None,
-            deadline: tokio::time::Instant::now() + budget,
+            deadline,
             budget,
         }
     }

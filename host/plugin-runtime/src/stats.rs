@@ -1,9 +1,10 @@
 //! Per-plugin call statistics and the quarantine rule.
 //!
-//! The hot path touches only atomics: a call count, a failure count and one bucket of a
-//! log-linear latency histogram (4 buckets per power of two, so a reported percentile is
-//! within 25 % of the truth). Failure timestamps, kept for the quarantine window, are
-//! behind a mutex that only failing calls take.
+//! The hot path writes one atomic: a bucket of a log-linear latency histogram (4 buckets
+//! per power of two, so a reported percentile is within 25 % of the truth). The call count
+//! is the histogram's total, read only by status queries. Failure counts and timestamps
+//! (the latter kept for the quarantine window, behind a mutex) are touched only by
+//! failing calls.
 
 use crate::config::QuarantinePolicy;
 use parking_lot::Mutex;
@@ -37,7 +38,6 @@ fn bucket_upper(i: usize) -> u64 {
 
 /// Counters and the quarantine state of one loaded plugin version.
 pub(crate) struct PluginStats {
-    pub calls: AtomicU64,
     pub failures: AtomicU64,
     pub timeouts: AtomicU64,
     histogram: Box<[AtomicU64; BUCKETS]>,
@@ -52,7 +52,6 @@ pub(crate) struct PluginStats {
 impl PluginStats {
     pub fn new() -> Self {
         Self {
-            calls: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             histogram: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
@@ -68,9 +67,8 @@ impl PluginStats {
         u64::try_from(t.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX).max(1)
     }
 
-    /// Records a call's duration.
+    /// Records a call's duration (and so counts the call).
     pub fn record_call(&self, took: Duration) {
-        self.calls.fetch_add(1, Relaxed);
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         self.histogram[bucket_of(ns)].fetch_add(1, Relaxed);
     }
@@ -112,6 +110,11 @@ impl PluginStats {
         }
         let now = self.since_origin(Instant::now());
         (now < until).then(|| Duration::from_nanos(until - now))
+    }
+
+    /// Calls recorded so far.
+    pub fn calls(&self) -> u64 {
+        self.histogram.iter().map(|c| c.load(Relaxed)).sum()
     }
 
     /// The `q` quantile (0..=1) of call durations, `None` before the first call.
