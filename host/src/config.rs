@@ -223,7 +223,7 @@ pub struct GroupCommitConfig {
 
 impl Default for GroupCommitConfig {
     fn default() -> Self {
-        Self { max_batch: 2048, writers: None, queue: 65_536 }
+        Self { max_batch: 4096, writers: None, queue: 65_536 }
     }
 }
 
