@@ -74,9 +74,10 @@ pub struct SeqConfig {
     /// lease that is slow now and then (a busy database, a descheduled thread) without a
     /// caller waiting, at the cost of more seqs skipped when the node stops.
     pub prefetch_segments: usize,
-    /// When a conversation uses segments faster than this (its step is held at `max_step`),
-    /// more segments are kept ahead, enough for this long at its current pace (at most 64):
-    /// a lease that is slow now and then is then absorbed however hot the conversation.
+    /// When a conversation's segments last less than this (a hot one whose step is capped
+    /// at `max_step`, or one whose step is still growing), more segments are kept ahead,
+    /// enough for this long at its current pace (at most 64): a lease that is slow now and
+    /// then is then absorbed however hot the conversation. More seqs are skipped on a crash.
     #[serde(rename = "prefetch_ahead_ms", with = "crate::config::millis")]
     pub prefetch_ahead: Duration,
 }
