@@ -146,8 +146,9 @@ struct Segments {
     step: u64,
     /// When the segment in use was started, to adapt the step.
     started_at: Option<Instant>,
-    /// How long the previous segment lasted, to size the prefetch.
-    last_lifetime: Option<Duration>,
+    /// Segments to keep leased ahead, sized when a segment is put in use (see
+    /// [`Segments::start`]), so the per-seq path only compares two integers.
+    depth: usize,
 }
 
 /// What one attempt at the fast path found.
@@ -159,16 +160,16 @@ enum Take {
 }
 
 impl Conversation {
-    fn new(step: u64) -> Self {
+    fn new(config: &SeqConfig) -> Self {
         Self {
             segments: Mutex::new(Segments {
                 next: 1,
                 last: 0,
                 queued: VecDeque::new(),
                 prefetching: false,
-                step,
+                step: config.min_step,
                 started_at: None,
-                last_lifetime: None,
+                depth: config.prefetch_segments,
             }),
             refill: tokio::sync::Mutex::new(()),
         }
@@ -192,7 +193,7 @@ impl Conversation {
         let remaining = s.last + 1 - s.next;
         // Prefetch once the remainder drops to (1 - prefetch_at) of a step.
         let threshold = ((s.step as f64) * (1.0 - config.prefetch_at)) as u64;
-        let prefetch = !s.prefetching && s.queued.len() < s.depth(config) && remaining <= threshold;
+        let prefetch = !s.prefetching && s.queued.len() < s.depth && remaining <= threshold;
         if prefetch {
             s.prefetching = true;
         }
@@ -221,7 +222,8 @@ impl Conversation {
 }
 
 impl Segments {
-    /// Puts `range` in use and adapts the step to how long the previous segment lasted.
+    /// Puts `range` in use and adapts the step and the prefetch depth to how long the
+    /// previous segment lasted.
     fn start(&mut self, range: SeqRange, config: &SeqConfig) {
         self.next = range.first;
         self.last = range.last;
@@ -233,19 +235,18 @@ impl Segments {
             } else if lasted > config.segment_lifetime * 2 {
                 self.step = (self.step / 2).max(config.min_step);
             }
-            self.last_lifetime = Some(lasted);
+            self.depth = prefetch_depth(lasted, config);
         }
         self.started_at = Some(now);
     }
 
-    /// How many segments to keep leased ahead: `prefetch_segments`, or more when segments
-    /// last less than `prefetch_ahead`, enough to cover it at the pace of the last one.
-    fn depth(&self, config: &SeqConfig) -> usize {
-        let Some(lifetime) = self.last_lifetime else { return config.prefetch_segments };
-        let lifetime = lifetime.as_nanos().max(1);
-        let needed = config.prefetch_ahead.as_nanos().div_ceil(lifetime);
-        usize::try_from(needed).unwrap_or(MAX_PREFETCH).clamp(config.prefetch_segments, MAX_PREFETCH)
-    }
+}
+
+/// How many segments to keep leased ahead when one lasts `lifetime`: `prefetch_segments`,
+/// or more when segments last less than `prefetch_ahead`, enough to cover it at that pace.
+fn prefetch_depth(lifetime: Duration, config: &SeqConfig) -> usize {
+    let needed = config.prefetch_ahead.as_nanos().div_ceil(lifetime.as_nanos().max(1));
+    usize::try_from(needed).unwrap_or(MAX_PREFETCH).clamp(config.prefetch_segments, MAX_PREFETCH)
 }
 
 impl SeqAllocator {
@@ -303,7 +304,7 @@ impl SeqAllocator {
                 let _refilling = entry.refill.lock().await;
                 let enough = {
                     let s = entry.lock();
-                    s.queued.len() >= s.depth(&allocator.config)
+                    s.queued.len() >= s.depth
                 };
                 if enough {
                     break;
@@ -328,12 +329,11 @@ impl SeqAllocator {
         if let Some(entry) = self.conversations.get(conversation) {
             return Arc::clone(&entry);
         }
-        let step = self.config.min_step;
         Arc::clone(
             &self
                 .conversations
                 .entry(conversation.clone())
-                .or_insert_with(|| Arc::new(Conversation::new(step))),
+                .or_insert_with(|| Arc::new(Conversation::new(&self.config))),
         )
     }
 

@@ -210,9 +210,10 @@ impl Database {
                     // The unique indexes are written at random places; keep their pages
                     // cached rather than re-read from the OS.
                     .pragma("cache_size", format!("-{}", config.sqlite_cache_mib * 1024))
-                    // A multi-row insert inside a transaction keeps a statement journal (to
-                    // undo just that statement); on disk it cost a write() per page touched,
-                    // a fifth of the writer's time. It is scratch data: keep it in memory.
+                    // A multi-row write that could abort halfway keeps a statement journal
+                    // (to undo just that statement); on disk it costs a write() per page
+                    // touched. Message inserts avoid it (`INSERT OR IGNORE`); cursor upserts
+                    // still keep one. It is scratch data: keep it in memory.
                     .pragma("temp_store", "memory")
                     // Checkpoints run in the background (see `checkpoint_periodically`),
                     // not inside a commit, where copying the WAL into the database and
