@@ -4,7 +4,9 @@
 //! - snowflake: ids per second on one thread (target ≥ 4.0 M/s; the format's ceiling is
 //!   4.096 M/s, so the mean per id must be ≤ 250 ns including the waits at millisecond ends);
 //! - seq hot path: a seq from a segment already in memory (target ≤ 50 ns), against a real
-//!   SQLite `session_seq` table with a step so large that renewals are negligible.
+//!   SQLite `session_seq` table with a step so large that renewals are negligible;
+//! - machine: one atomic read-modify-write and one clock read, the primitives the two are
+//!   made of, so figures from different (virtual) machines can be compared.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -44,15 +46,25 @@ fn seq_hot_path(c: &mut Criterion) {
     let hot = conversations[17].clone();
     let mut group = c.benchmark_group("seq");
     group.throughput(Throughput::Elements(1));
+    // Borrowed, not cloned, per call: a caller holds its allocator and conversation id.
+    let (allocator, hot) = (&allocator, &hot);
     group.bench_function("next_in_memory", |b| {
-        b.to_async(&runtime).iter(|| {
-            let allocator = Arc::clone(&allocator);
-            let hot = hot.clone();
-            async move { black_box(allocator.next(&hot).await.expect("seq")) }
-        });
+        b.to_async(&runtime).iter(|| async move { black_box(allocator.next(hot).await.expect("seq")) });
     });
     group.finish();
 }
 
-criterion_group!(benches, snowflake, seq_hot_path);
+/// What this machine's primitives cost, to compare figures taken on different machines:
+/// the two allocators are made of atomic read-modify-writes and clock reads.
+fn machine(c: &mut Criterion) {
+    let mut group = c.benchmark_group("machine");
+    let counter = std::sync::atomic::AtomicU64::new(0);
+    group.bench_function("atomic_fetch_add", |b| {
+        b.iter(|| black_box(&counter).fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    });
+    group.bench_function("clock_read", |b| b.iter(std::time::Instant::now));
+    group.finish();
+}
+
+criterion_group!(benches, machine, snowflake, seq_hot_path);
 criterion_main!(benches);

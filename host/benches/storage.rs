@@ -226,9 +226,11 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
     }
     let elapsed = started.elapsed().as_secs_f64();
     let total = stored.load(Ordering::Relaxed);
+    let batches = committer.totals().batches.load(Ordering::Relaxed).max(1);
     println!(
-        "inserts {name}: {total} rows in {elapsed:.1} s = {:.0} rows/s (group commit, max batch {})",
+        "inserts {name}: {total} rows in {elapsed:.1} s = {:.0} rows/s (group commit: {batches} batches of {:.0} rows on average, max {})",
         total as f64 / elapsed,
+        committer.totals().rows.load(Ordering::Relaxed) as f64 / batches as f64,
         group_commit.max_batch
     );
     committer.close().await;

@@ -449,9 +449,14 @@ mod tests {
 
     #[test]
     fn seq_durations_are_read_in_milliseconds_under_their_documented_keys() {
-        let vars = env(&[("HERALD_SEQ__SEGMENT_LIFETIME_MS", "2500"), ("HERALD_SEQ__PREFETCH_AHEAD_MS", "20")]);
+        let vars = env(&[
+            ("HERALD_SEQ__SEGMENT_LIFETIME_MS", "2500"),
+            ("HERALD_SEQ__PREFETCH_AHEAD_MS", "20"),
+            ("HERALD_SEQ__EVICT_IDLE_MS", "0"),
+        ]);
         let config = Config::load_from(None, vars, &Overrides::default()).expect("loads");
         assert_eq!(config.seq.segment_lifetime, Duration::from_millis(2500));
         assert_eq!(config.seq.prefetch_ahead, Duration::from_millis(20));
+        assert!(config.seq.evict_idle.is_zero(), "0 turns eviction off");
     }
 }

@@ -105,10 +105,10 @@ impl Node {
         let pipeline = Arc::new(Pipeline {
             database: database.clone(),
             committer: committer.clone(),
-            seqs,
+            seqs: Arc::clone(&seqs),
             ids,
             dedup: Arc::clone(&dedup),
-            lanes,
+            lanes: Arc::clone(&lanes),
             membership: Arc::clone(&membership),
             delivery: Arc::clone(&delivery),
             clock: Arc::clone(&clock),
@@ -128,6 +128,18 @@ impl Node {
             Arc::clone(&plugins.host),
             Duration::from_millis(config.delivery.degrade_interval_ms),
         ));
+        let evict_every = config.seq.evict_idle;
+        if !evict_every.is_zero() {
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(evict_every);
+                every.tick().await; // the first tick is immediate
+                loop {
+                    every.tick().await;
+                    let (forgotten, lanes_forgotten) = (seqs.evict_idle(), lanes.evict_idle());
+                    tracing::debug!(forgotten, lanes_forgotten, in_memory = seqs.conversations(), "idle conversations forgotten");
+                }
+            });
+        }
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(5));
             loop {

@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -80,11 +80,16 @@ pub struct SeqConfig {
     /// then is then absorbed however hot the conversation. More seqs are skipped on a crash.
     #[serde(rename = "prefetch_ahead_ms", with = "crate::config::millis")]
     pub prefetch_ahead: Duration,
+    /// A conversation no seq was taken from for this long (up to twice as long) is
+    /// forgotten: its memory is freed and the rest of its leased segments skipped (a gap).
+    /// Zero keeps every conversation a node ever served in memory.
+    #[serde(rename = "evict_idle_ms", with = "crate::config::millis")]
+    pub evict_idle: Duration,
 }
 
 impl Default for SeqConfig {
     fn default() -> Self {
-        Self { min_step: 16, max_step: 8192, segment_lifetime: Duration::from_secs(10), prefetch_at: 0.5, prefetch_segments: 2, prefetch_ahead: Duration::from_millis(50) }
+        Self { min_step: 16, max_step: 8192, segment_lifetime: Duration::from_secs(10), prefetch_at: 0.5, prefetch_segments: 2, prefetch_ahead: Duration::from_millis(50), evict_idle: Duration::from_secs(300) }
     }
 }
 
@@ -119,18 +124,22 @@ pub struct SeqAllocator {
     leaser: Arc<dyn SegmentLeaser>,
     /// Step bounds and prefetch point.
     config: SeqConfig,
-    /// Local segments, one entry per conversation seen.
-    conversations: DashMap<ConversationId, Arc<Conversation>, foldhash::fast::RandomState>,
+    /// Local segments, one entry per conversation in use. The fast path takes a seq under
+    /// the entry's shard lock and no other (two atomic operations per seq).
+    conversations: DashMap<ConversationId, Conversation, foldhash::fast::RandomState>,
     /// Leases a caller had to wait for (its conversation outran the prefetch).
     foreground_leases: AtomicU64,
 }
 
 /// One conversation's local segments.
 struct Conversation {
-    /// The segment in use and the one prefetched; held only for a few instructions.
-    segments: Mutex<Segments>,
+    segments: Segments,
     /// Held while leasing, so one allocator leases one segment at a time per conversation.
-    refill: tokio::sync::Mutex<()>,
+    /// It is also the entry's identity: a lease made for an entry that was evicted (and
+    /// perhaps made again since) is dropped, not pushed into its successor.
+    refill: Arc<tokio::sync::Mutex<()>>,
+    /// Taken from since the last [`SeqAllocator::evict_idle`].
+    touched: bool,
 }
 
 struct Segments {
@@ -149,6 +158,9 @@ struct Segments {
     /// Segments to keep leased ahead, sized when a segment is put in use (see
     /// [`Segments::start`]), so the per-seq path only compares two integers.
     depth: usize,
+    /// A prefetch starts once this many seqs or fewer are left in the segment in use:
+    /// (1 - `prefetch_at`) of a step, worked out when the step changes.
+    prefetch_below: u64,
 }
 
 /// What one attempt at the fast path found.
@@ -162,7 +174,7 @@ enum Take {
 impl Conversation {
     fn new(config: &SeqConfig) -> Self {
         Self {
-            segments: Mutex::new(Segments {
+            segments: Segments {
                 next: 1,
                 last: 0,
                 queued: VecDeque::new(),
@@ -170,18 +182,16 @@ impl Conversation {
                 step: config.min_step,
                 started_at: None,
                 depth: config.prefetch_segments,
-            }),
-            refill: tokio::sync::Mutex::new(()),
+                prefetch_below: prefetch_below(config.min_step, config),
+            },
+            refill: Arc::new(tokio::sync::Mutex::new(())),
+            touched: true,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Segments> {
-        // Only integers live behind the lock; a panic elsewhere cannot leave them torn.
-        self.segments.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn take(&self, config: &SeqConfig) -> Take {
-        let mut s = self.lock();
+    fn take(&mut self, config: &SeqConfig) -> Take {
+        self.touched = true;
+        let s = &mut self.segments;
         if s.next > s.last {
             match s.queued.pop_front() {
                 Some(range) => s.start(range, config),
@@ -191,9 +201,7 @@ impl Conversation {
         let seq = s.next;
         s.next += 1;
         let remaining = s.last + 1 - s.next;
-        // Prefetch once the remainder drops to (1 - prefetch_at) of a step.
-        let threshold = ((s.step as f64) * (1.0 - config.prefetch_at)) as u64;
-        let prefetch = !s.prefetching && s.queued.len() < s.depth && remaining <= threshold;
+        let prefetch = !s.prefetching && s.queued.len() < s.depth && remaining <= s.prefetch_below;
         if prefetch {
             s.prefetching = true;
         }
@@ -201,13 +209,12 @@ impl Conversation {
     }
 
     fn has_available(&self) -> bool {
-        let s = self.lock();
-        s.next <= s.last || !s.queued.is_empty()
+        self.segments.next <= self.segments.last || !self.segments.queued.is_empty()
     }
 
     /// Adds a freshly leased range: in use at once if nothing else is left, else queued.
-    fn push(&self, range: SeqRange, config: &SeqConfig) {
-        let mut s = self.lock();
+    fn push(&mut self, range: SeqRange, config: &SeqConfig) {
+        let s = &mut self.segments;
         debug_assert!(range.first > s.queued.back().map_or(s.last, |r| r.last), "leases must only go up: {range:?}");
         if s.next > s.last && s.queued.is_empty() {
             s.start(range, config);
@@ -216,8 +223,9 @@ impl Conversation {
         }
     }
 
-    fn step(&self) -> u64 {
-        self.lock().step
+    /// Whether `refill` is this entry's lock (the entry was not evicted and made again).
+    fn is(&self, refill: &Arc<tokio::sync::Mutex<()>>) -> bool {
+        Arc::ptr_eq(&self.refill, refill)
     }
 }
 
@@ -236,10 +244,16 @@ impl Segments {
                 self.step = (self.step / 2).max(config.min_step);
             }
             self.depth = prefetch_depth(lasted, config);
+            self.prefetch_below = prefetch_below(self.step, config);
         }
         self.started_at = Some(now);
     }
 
+}
+
+/// Seqs left in a segment of `step` when its successor is to be leased.
+fn prefetch_below(step: u64, config: &SeqConfig) -> u64 {
+    ((step as f64) * (1.0 - config.prefetch_at)) as u64
 }
 
 /// How many segments to keep leased ahead when one lasts `lifetime`: `prefetch_segments`,
@@ -263,9 +277,8 @@ impl SeqAllocator {
     /// was consumed and the call may be retried.
     pub async fn next(self: &Arc<Self>, conversation: &ConversationId) -> Result<u64, LeaseError> {
         loop {
-            // Fast path: a seq from memory, under the map's shard read lock, no allocation.
-            let taken =
-                self.conversations.get(conversation).map(|entry| entry.take(&self.config));
+            // Fast path: a seq from memory, under the map's shard lock, no allocation.
+            let taken = self.conversations.get_mut(conversation).map(|mut entry| entry.take(&self.config));
             match taken {
                 Some(Take::Seq(seq, prefetch)) => {
                     if prefetch {
@@ -280,44 +293,49 @@ impl SeqAllocator {
 
     /// Leases a segment in the foreground because none is left in memory.
     async fn refill(&self, conversation: &ConversationId) -> Result<(), LeaseError> {
-        let entry = self.entry(conversation);
-        let _refilling = entry.refill.lock().await;
-        if entry.has_available() {
+        let refill = self.refill_lock(conversation);
+        let _refilling = refill.lock().await;
+        let Some(step) = self.with_entry(conversation, &refill, |c| (!c.has_available()).then_some(c.segments.step))
+        else {
+            return Ok(()); // evicted meanwhile: the caller's next try starts afresh
+        };
+        let Some(step) = step else {
             return Ok(()); // a prefetch or another caller got there first
-        }
+        };
         metrics::counter!("herald_seq_foreground_leases_total").increment(1);
         self.foreground_leases.fetch_add(1, Ordering::Relaxed);
-        let range = self.leaser.lease(conversation, entry.step()).await?;
-        entry.push(range, &self.config);
+        let range = self.leaser.lease(conversation, step).await?;
+        self.with_entry(conversation, &refill, |c| c.push(range, &self.config));
         Ok(())
     }
 
-    /// Leases in the background until `prefetch_segments` segments wait ahead.
+    /// Leases in the background until enough segments wait ahead.
     fn spawn_prefetch(self: &Arc<Self>, conversation: ConversationId) {
         let allocator = Arc::clone(self);
         tokio::spawn(async move {
-            let entry = allocator.entry(&conversation);
+            let refill = allocator.refill_lock(&conversation);
             let mut result = Ok(());
             loop {
                 // One lease per turn of the (fair) refill lock, so a caller that ran dry
                 // takes the segment just leased rather than waiting for the whole queue.
-                let _refilling = entry.refill.lock().await;
-                let enough = {
-                    let s = entry.lock();
-                    s.queued.len() >= s.depth
-                };
-                if enough {
-                    break;
-                }
-                match allocator.leaser.lease(&conversation, entry.step()).await {
-                    Ok(range) => entry.push(range, &allocator.config),
+                let _refilling = refill.lock().await;
+                let step = allocator
+                    .with_entry(&conversation, &refill, |c| {
+                        (c.segments.queued.len() < c.segments.depth).then_some(c.segments.step)
+                    })
+                    .flatten();
+                let Some(step) = step else { break };
+                match allocator.leaser.lease(&conversation, step).await {
+                    Ok(range) => {
+                        allocator.with_entry(&conversation, &refill, |c| c.push(range, &allocator.config));
+                    }
                     Err(error) => {
                         result = Err(error);
                         break;
                     }
                 }
             }
-            entry.lock().prefetching = false;
+            allocator.with_entry(&conversation, &refill, |c| c.segments.prefetching = false);
             if let Err(error) = result {
                 // The next caller to run out leases in the foreground and sees the error.
                 tracing::warn!(%conversation, %error, "seq prefetch failed");
@@ -325,16 +343,45 @@ impl SeqAllocator {
         });
     }
 
-    fn entry(&self, conversation: &ConversationId) -> Arc<Conversation> {
+    /// The refill lock of `conversation`'s entry, made if there is none.
+    fn refill_lock(&self, conversation: &ConversationId) -> Arc<tokio::sync::Mutex<()>> {
         if let Some(entry) = self.conversations.get(conversation) {
-            return Arc::clone(&entry);
+            return Arc::clone(&entry.refill);
         }
-        Arc::clone(
-            &self
-                .conversations
-                .entry(conversation.clone())
-                .or_insert_with(|| Arc::new(Conversation::new(&self.config))),
-        )
+        let entry = self.conversations.entry(conversation.clone()).or_insert_with(|| Conversation::new(&self.config));
+        Arc::clone(&entry.refill)
+    }
+
+    /// Runs `f` on `conversation`'s entry if it is still the one `refill` belongs to; `None`
+    /// when it was evicted (a lease made for it is then dropped: a gap, never a reissue).
+    fn with_entry<T>(
+        &self,
+        conversation: &ConversationId,
+        refill: &Arc<tokio::sync::Mutex<()>>,
+        f: impl FnOnce(&mut Conversation) -> T,
+    ) -> Option<T> {
+        let mut entry = self.conversations.get_mut(conversation)?;
+        entry.is(refill).then(|| f(&mut entry))
+    }
+
+    /// Forgets the conversations no seq was taken from since the last call, so a node's
+    /// memory follows the conversations in use rather than every one it ever served. The
+    /// rest of their segments is skipped (a gap); the next seq leases anew. Entries with a
+    /// lease under way are kept. Returns how many were forgotten.
+    pub fn evict_idle(&self) -> usize {
+        let before = self.conversations.len();
+        self.conversations.retain(|_, c| {
+            let busy = c.segments.prefetching || c.refill.try_lock().is_err();
+            let keep = c.touched || busy;
+            c.touched = false;
+            keep
+        });
+        before.saturating_sub(self.conversations.len())
+    }
+
+    /// Conversations with segments in memory.
+    pub fn conversations(&self) -> usize {
+        self.conversations.len()
     }
 
     /// How many leases callers have waited for since this allocator started: one per
@@ -345,7 +392,7 @@ impl SeqAllocator {
 
     /// The step the next lease of `conversation` will ask for (for tests and metrics).
     pub fn current_step(&self, conversation: &ConversationId) -> Option<u64> {
-        self.conversations.get(conversation).map(|entry| entry.step())
+        self.conversations.get(conversation).map(|entry| entry.segments.step)
     }
 }
 
@@ -353,6 +400,7 @@ impl SeqAllocator {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::sync::Mutex;
     use std::sync::atomic::AtomicUsize;
 
     /// An in-memory `session_seq` table: pure logic, so a fake is fair here. The real
@@ -459,6 +507,51 @@ mod tests {
             allocator.next(&hot).await.expect("lease");
         }
         assert_eq!(allocator.current_step(&hot), Some(4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_conversations_are_forgotten_and_start_above_their_old_seqs() {
+        let leaser = Arc::new(MemoryLeaser::default());
+        let config = SeqConfig { min_step: 10, max_step: 10, ..SeqConfig::default() };
+        let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
+        let (quiet, busy) = (conversation("dm:a:b"), conversation("room:busy"));
+        let first_quiet = allocator.next(&quiet).await.expect("lease");
+        allocator.next(&busy).await.expect("lease");
+        tokio::time::sleep(Duration::from_millis(5)).await; // prefetches finish
+
+        // The first sweep only clears the marks; `busy` is used again before the second.
+        assert_eq!(allocator.evict_idle(), 0);
+        allocator.next(&busy).await.expect("seq");
+        assert_eq!(allocator.evict_idle(), 1, "only the idle conversation goes");
+        assert_eq!(allocator.conversations(), 1);
+
+        // Coming back, it leases afresh: the rest of its old segments is a gap, never reused.
+        let leases_before = leaser.leases.load(Ordering::SeqCst);
+        let again = allocator.next(&quiet).await.expect("lease");
+        assert_eq!(first_quiet, 1, "the first lease was 1..=10");
+        assert_eq!(again, 11, "after the whole old lease: 2..=10 are skipped, none reused");
+        assert!(leaser.leases.load(Ordering::SeqCst) > leases_before, "a new lease was taken");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_for_an_evicted_entry_is_dropped_not_reused() {
+        let leaser = Arc::new(MemoryLeaser::default());
+        let config = SeqConfig { min_step: 10, max_step: 10, ..SeqConfig::default() };
+        let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
+        let room = conversation("room:lobby");
+        let mut seen = Vec::new();
+        for round in 0..20 {
+            // Take seqs so prefetches start, and evict while they may be under way.
+            for _ in 0..7 {
+                seen.push(allocator.next(&room).await.expect("seq"));
+            }
+            allocator.evict_idle();
+            allocator.evict_idle();
+            if round % 3 == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "seqs only go up across evictions: {seen:?}");
     }
 
     #[tokio::test]

@@ -95,6 +95,26 @@ impl Lanes {
     pub fn lowest_in_flight(&self, conversation: &ConversationId) -> Option<u64> {
         self.lanes.get(conversation).and_then(|lane| lane.lowest_in_flight())
     }
+
+    /// Forgets the lanes nobody holds and nothing is in flight on, so memory follows the
+    /// conversations in use. Such a lane is indistinguishable from a new one: the next
+    /// message makes it again. Returns how many were forgotten.
+    pub fn evict_idle(&self) -> usize {
+        let before = self.lanes.len();
+        // The shard is locked while deciding: no one can take the lane meanwhile.
+        self.lanes.retain(|_, lane| Arc::strong_count(lane) > 1 || !lane.slots().is_empty());
+        before.saturating_sub(self.lanes.len())
+    }
+
+    /// Lanes in memory.
+    pub fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Whether no lane is in memory.
+    pub fn is_empty(&self) -> bool {
+        self.lanes.is_empty()
+    }
 }
 
 #[cfg(test)]
@@ -113,6 +133,28 @@ mod tests {
             body: Vec::new(),
             sent_at_ms: 0,
         }))
+    }
+
+    #[test]
+    fn only_lanes_nobody_holds_with_nothing_in_flight_are_forgotten() {
+        let lanes = Lanes::default();
+        let (idle, held, busy) = (
+            ConversationId::parse("dm:a:b").expect("valid"),
+            ConversationId::parse("dm:a:c").expect("valid"),
+            ConversationId::parse("room:lobby").expect("valid"),
+        );
+        drop(lanes.get(&idle));
+        let holder = lanes.get(&held);
+        lanes.get(&busy).admitted(7);
+        assert_eq!(lanes.evict_idle(), 1);
+        assert_eq!(lanes.len(), 2);
+        assert_eq!(lanes.lowest_in_flight(&busy), Some(7), "the busy lane kept its slot");
+        assert!(Arc::ptr_eq(&holder, &lanes.get(&held)), "the held lane is still the same one");
+        lanes.get(&busy).finished(7, stored(7));
+        assert_eq!(lanes.get(&busy).releasable().len(), 1);
+        drop(holder);
+        assert_eq!(lanes.evict_idle(), 2);
+        assert!(lanes.is_empty());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! that is what lets the pipeline's `SendAck OK` mean "durable".
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -49,6 +49,15 @@ pub struct GroupCommitter {
     busy: Arc<AtomicUsize>,
     /// How long batch writes took, for the health snapshot.
     latency: Arc<LatencyWindow>,
+    /// Batches and rows written so far.
+    totals: Arc<BatchTotals>,
+}
+
+/// Batches and rows written since start: rows per batch is how well commits are shared.
+#[derive(Debug, Default)]
+pub struct BatchTotals {
+    pub batches: AtomicU64,
+    pub rows: AtomicU64,
 }
 
 impl GroupCommitter {
@@ -63,13 +72,20 @@ impl GroupCommitter {
         });
         let busy = Arc::new(AtomicUsize::new(0));
         let latency = Arc::new(LatencyWindow::default());
+        let totals = Arc::new(BatchTotals::default());
         let handles = (0..writers)
             .map(|_| {
-                let (busy, latency) = (Arc::clone(&busy), Arc::clone(&latency));
-                tokio::spawn(write_batches(database.clone(), Arc::clone(&receiver), config.max_batch, busy, latency))
+                let (busy, latency, totals) = (Arc::clone(&busy), Arc::clone(&latency), Arc::clone(&totals));
+                let receiver = Arc::clone(&receiver);
+                tokio::spawn(write_batches(database.clone(), receiver, config.max_batch, busy, latency, totals))
             })
             .collect();
-        Self { queue, writers: Arc::new(std::sync::Mutex::new(handles)), busy, latency }
+        Self { queue, writers: Arc::new(std::sync::Mutex::new(handles)), busy, latency, totals }
+    }
+
+    /// Batches and rows written since start.
+    pub fn totals(&self) -> &BatchTotals {
+        &self.totals
     }
 
     /// How long batch writes took since the last look.
@@ -119,6 +135,7 @@ async fn write_batches(
     max_batch: usize,
     busy: Arc<AtomicUsize>,
     latency: Arc<LatencyWindow>,
+    totals: Arc<BatchTotals>,
 ) {
     let mut batch = Vec::with_capacity(max_batch);
     loop {
@@ -137,6 +154,8 @@ async fn write_batches(
         let (messages, waiters): (Vec<NewMessage>, Vec<_>) =
             batch.drain(..).map(|pending| (pending.message, pending.done)).unzip();
         metrics::histogram!("herald_store_batch_rows").record(messages.len() as f64);
+        totals.batches.fetch_add(1, Ordering::Relaxed);
+        totals.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
         let started = std::time::Instant::now();
         let results = database.insert_messages(&messages).await;
         let took = started.elapsed();

@@ -32,7 +32,7 @@ use sqlx::sqlite::{
 
 use crate::config::{self, StorageConfig};
 
-pub use group_commit::GroupCommitter;
+pub use group_commit::{BatchTotals, GroupCommitter};
 pub use messages::{Inserted, NewMessage, StoredMessage};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
