@@ -68,6 +68,9 @@ pub struct GatewayConfig {
     pub send_queue: usize,
     /// HS256 secret for client tokens. Required outside dev mode; dev mode has a fixed one.
     pub jwt_secret: Option<String>,
+    /// On shutdown each connection gets `go_away` with a `reconnect_after_ms` drawn from
+    /// 0..this, so the clients of a restarted node do not all come back in the same instant.
+    pub go_away_spread_ms: u32,
 }
 
 impl Default for GatewayConfig {
@@ -78,6 +81,7 @@ impl Default for GatewayConfig {
             max_frame_bytes: 1 << 20,
             send_queue: 1024,
             jwt_secret: None,
+            go_away_spread_ms: 5_000,
         }
     }
 }

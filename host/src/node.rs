@@ -4,7 +4,7 @@
 //! routes, rooms and dedup marks in this process.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dashmap::DashSet;
@@ -56,6 +56,8 @@ pub struct Node {
     pub vitals: Arc<Vitals>,
     /// Next connection id.
     pub next_connection: AtomicU64,
+    /// Shutdown has begun: not ready, and connections are sent away.
+    draining: AtomicBool,
 }
 
 impl Node {
@@ -163,13 +165,28 @@ impl Node {
             plugins,
             vitals,
             next_connection: AtomicU64::new(1),
+            draining: AtomicBool::new(false),
         }))
     }
 
-    /// Closes every connection (1001), writes pending cursors and flushes queued inserts.
+    /// Starts draining: `/readyz` answers 503, every connection (and any that finishes its
+    /// handshake from now on) gets `go_away` and is closed with 1012; then writes pending
+    /// cursors. Queued inserts are flushed by the caller, after the listener stopped.
     pub async fn shut_down(&self) {
-        self.connections.close_all(crate::gateway::connection::close::GOING_AWAY, "server shutting down");
+        self.draining.store(true, Ordering::SeqCst);
+        let sent_away = self.connections.go_away_all(crate::gateway::DRAINING, self.config.gateway.go_away_spread_ms);
+        // Let the writers put `go_away` and the close frame on the wire before the process
+        // ends; a client that stopped reading does not hold shutdown up for long.
+        let written = futures_util::future::join_all(sent_away.iter().map(|c| c.writer_finished()));
+        if tokio::time::timeout(Duration::from_secs(2), written).await.is_err() {
+            tracing::warn!("some connections did not take their go_away within 2 s");
+        }
         self.delivery.cursors.flush(&self.database).await;
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 }
 

@@ -112,9 +112,11 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Readiness: the database answers.
+/// Readiness: not draining, and the database answers.
 async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>, ApiError> {
-    if node.database.ping().await {
+    if node.is_draining() {
+        Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "draining", "the server is shutting down"))
+    } else if node.database.ping().await {
         Ok(Json(json!({ "status": "ready" })))
     } else {
         Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the database is not answering"))

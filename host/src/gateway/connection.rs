@@ -6,11 +6,11 @@
 //! blocking the caller, so one slow client can never stall delivery to others.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use dashmap::DashMap;
-use herald_proto::v1::Frame;
+use herald_proto::v1::{self, Frame};
 use tokio::sync::{mpsc, watch};
 
 use crate::model::{ConversationId, DeviceId, UserId};
@@ -20,6 +20,8 @@ use crate::routing::ConnectionId;
 pub mod close {
     pub const NORMAL: u16 = 1000;
     pub const GOING_AWAY: u16 = 1001;
+    /// After `go_away`: the server is restarting; reconnect.
+    pub const SERVICE_RESTART: u16 = 1012;
     pub const TOO_BIG: u16 = 1009;
     pub const BAD_TOKEN: u16 = 4001;
     pub const NO_CONNECT: u16 = 4002;
@@ -39,6 +41,10 @@ pub struct Connection {
     outbox: mpsc::Sender<Frame>,
     /// A close requested by anyone; the writer sends it and stops.
     close_request: Mutex<Option<(u16, String)>>,
+    /// A last frame the writer sends before the close frame (`go_away`).
+    farewell: Mutex<Option<Frame>>,
+    /// Flips to true once the writer task has stopped (its close frame is out).
+    writer_done: watch::Sender<bool>,
     /// Flips to true once the connection is closing: nothing more is queued.
     closed: watch::Sender<bool>,
     /// False while the device is being backfilled; live pushes skip it until then.
@@ -69,6 +75,8 @@ impl Connection {
             device,
             outbox,
             close_request: Mutex::new(None),
+            farewell: Mutex::new(None),
+            writer_done: watch::Sender::new(false),
             closed: watch::Sender::new(false),
             live: AtomicBool::new(false),
             acked: Mutex::new(HashMap::new()),
@@ -113,6 +121,31 @@ impl Connection {
             *request = Some((code, reason.to_owned()));
         }
         self.closed.send_replace(true);
+    }
+
+    /// Tells the client the server is going away, then closes with 1012: the writer sends
+    /// `go_away` (after nothing else: frames still queued are dropped, the client pulls them
+    /// again after reconnecting) and the close frame.
+    pub fn go_away(&self, reason: &str, reconnect_after_ms: u32) {
+        *self.farewell.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Frame::new(0, v1::GoAway { reason: reason.to_owned(), reconnect_after_ms }));
+        self.close(close::SERVICE_RESTART, reason);
+    }
+
+    /// The frame to send before the close frame, if any (taken once).
+    pub fn take_farewell(&self) -> Option<Frame> {
+        self.farewell.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Marks the writer task stopped.
+    pub fn writer_stopped(&self) {
+        self.writer_done.send_replace(true);
+    }
+
+    /// Resolves once the writer task has stopped.
+    pub async fn writer_finished(&self) {
+        let mut done = self.writer_done.subscribe();
+        let _ = done.wait_for(|done| *done).await;
     }
 
     /// Whether a close was requested.
@@ -238,11 +271,14 @@ impl Connections {
         self.by_id.iter().map(|connection| connection.queue_depth()).collect()
     }
 
-    /// Closes every connection (server shutdown).
-    pub fn close_all(&self, code: u16, reason: &str) {
-        for connection in &self.by_id {
-            connection.close(code, reason);
+    /// Sends every connection `go_away` and closes it (server shutdown); each is told to
+    /// wait a random 0..`spread_ms` before reconnecting. Returns the connections sent away.
+    pub fn go_away_all(&self, reason: &str, spread_ms: u32) -> Vec<Arc<Connection>> {
+        let all: Vec<Arc<Connection>> = self.by_id.iter().map(|connection| Arc::clone(&connection)).collect();
+        for connection in &all {
+            connection.go_away(reason, rand::random_range(0..=spread_ms));
         }
+        all
     }
 }
 

@@ -9,6 +9,9 @@
 pub mod auth;
 pub mod connection;
 
+/// The `go_away` reason (and close reason) when the node shuts down.
+pub const DRAINING: &str = "server shutting down; reconnect";
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -124,6 +127,10 @@ async fn attach(
     encoding: Encoding,
 ) {
     node.connections.insert(Arc::clone(connection));
+    if node.is_draining() {
+        // Shutdown began after this connection was accepted: it gets what the others got.
+        connection.go_away(DRAINING, rand::random_range(0..=node.config.gateway.go_away_spread_ms));
+    }
     let heartbeat = Duration::from_millis(node.config.gateway.heartbeat_ms);
     tokio::spawn(write_loop(sink, queued, Arc::clone(connection), heartbeat, encoding));
     connection.push(Frame::new(
@@ -295,11 +302,22 @@ async fn write_loop(
     heartbeat: Duration,
     encoding: Encoding,
 ) {
+    /// Tells the connection its writer stopped, however the loop ends.
+    struct Stopped<'a>(&'a Connection);
+    impl Drop for Stopped<'_> {
+        fn drop(&mut self) {
+            self.0.writer_stopped();
+        }
+    }
+    let _stopped = Stopped(&connection);
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
     loop {
         let outgoing = tokio::select! {
             biased;
             (code, reason) = connection.close_requested() => {
+                if let Some(message) = connection.take_farewell().and_then(|frame| to_message(&frame, encoding)) {
+                    let _ = sink.send(message).await;
+                }
                 let _ = sink.send(close_message(code, &reason)).await;
                 let _ = sink.close().await;
                 return;
@@ -310,20 +328,23 @@ async fn write_loop(
             },
             _ = ping.tick() => Frame::new(0, v1::Ping { time_ms: SystemClock.now_ms() }),
         };
-        let message = match encode_frame(&outgoing, encoding) {
-            Ok(bytes) if encoding == Encoding::Json => match String::from_utf8(bytes) {
-                Ok(text) => Message::Text(text.into()),
-                Err(_) => continue,
-            },
-            Ok(bytes) => Message::Binary(bytes.into()),
-            Err(error) => {
-                tracing::error!(%error, "a frame could not be encoded");
-                continue;
-            }
-        };
+        let Some(message) = to_message(&outgoing, encoding) else { continue };
         if sink.send(message).await.is_err() {
             connection.close(close::NORMAL, "");
             return;
+        }
+    }
+}
+
+/// `frame` as a WebSocket message in the connection's encoding (`None`, logged, if it
+/// cannot be encoded).
+fn to_message(frame: &Frame, encoding: Encoding) -> Option<Message> {
+    match encode_frame(frame, encoding) {
+        Ok(bytes) if encoding == Encoding::Json => String::from_utf8(bytes).ok().map(|text| Message::Text(text.into())),
+        Ok(bytes) => Some(Message::Binary(bytes.into())),
+        Err(error) => {
+            tracing::error!(%error, "a frame could not be encoded");
+            None
         }
     }
 }

@@ -128,6 +128,27 @@ async fn a_frame_over_the_size_limit_closes_with_1009() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_sends_go_away_then_closes_with_1012_in_either_encoding() {
+    let mut herald = Herald::with().set("GATEWAY__GO_AWAY_SPREAD_MS", 2_000).start().await;
+    let mut alice = Client::connect(&herald, "alice", "phone").await;
+    let mut bob = Client::connect_with(&herald, Encoding::Json, "bob", "phone").await;
+    assert!(herald.get("/readyz", None).await.is_success(), "ready before shutdown");
+
+    assert!(herald.terminate().await, "herald exits cleanly on SIGTERM\n{}", herald.log_tail());
+    for client in [&mut alice, &mut bob] {
+        let go_away = client
+            .wait_for("go_away", super::WAIT, |frame| match &frame.body {
+                Some(v1::frame::Body::GoAway(go_away)) => Some(go_away.clone()),
+                _ => None,
+            })
+            .await;
+        assert!(go_away.reason.contains("shutting down"), "{go_away:?}");
+        assert!(go_away.reconnect_after_ms <= 2_000, "within GATEWAY__GO_AWAY_SPREAD_MS: {go_away:?}");
+        client.expect_close_code(1012, "after go_away").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_device_connecting_again_kicks_the_old_connection_with_4009() {
     let herald = Herald::start().await;
     let mut old = Client::connect(&herald, "alice", "phone").await;

@@ -155,6 +155,22 @@ impl Herald {
         }
     }
 
+    /// SIGTERM, as a service manager stops it, and waits (up to 30 s) for the process to
+    /// exit; returns whether it exited successfully.
+    pub async fn terminate(&mut self) -> bool {
+        let mut child = self.child.take().expect("herald is running");
+        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for herald") {
+                return status.success();
+            }
+            assert!(Instant::now() < deadline, "herald did not exit within 30 s of SIGTERM\n{}", self.log_tail());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Starts the server again on the same data dir (on a new port: read `port` again).
     pub async fn restart(&mut self) {
         self.kill9();
