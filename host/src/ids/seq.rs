@@ -14,6 +14,10 @@
 //! - **Adaptive step.** A segment that lasted less than half the target lifetime doubles the
 //!   next step, one that lasted more than twice halves it, within `[min_step, max_step]`: quiet
 //!   conversations waste few seqs on a crash, hot ones rarely touch the database.
+//! - **Idle entries are forgotten.** [`SeqAllocator::evict_idle`] drops conversations no seq
+//!   was taken from since its last call; their next seq comes from a new lease, above all
+//!   earlier ones. A lease still under way for a dropped entry is discarded, never handed to
+//!   its successor, so the invariants above hold across evictions.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
