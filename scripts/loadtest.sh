@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 say "building release binaries"
-cargo build --release --locked -p herald-host --bin herald -p herald-examples >&2
+# Name the binaries: `--bin` would otherwise filter every package given with `-p`.
+cargo build --release --locked --bin herald --bin herald-loadgen --bin herald-relay >&2
 data=$(mktemp -d)
 if [ "${HERALD_LOADTEST_PLUGINS:-0}" = 1 ]; then
     build_plugins release
