@@ -125,8 +125,10 @@ impl Connection {
 
     /// Tells the client the server is going away, then closes with 1012: the writer sends
     /// `go_away` (after nothing else: frames still queued are dropped, the client pulls them
-    /// again after reconnecting) and the close frame.
-    pub fn go_away(&self, reason: &str, reconnect_after_ms: u32) {
+    /// again after reconnecting) and the close frame. The client is told to wait a random
+    /// 0..=`spread_ms` before reconnecting, so a node's clients do not all return at once.
+    pub fn go_away(&self, reason: &str, spread_ms: u32) {
+        let reconnect_after_ms = rand::random_range(0..=spread_ms);
         *self.farewell.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(Frame::new(0, v1::GoAway { reason: reason.to_owned(), reconnect_after_ms }));
         self.close(close::SERVICE_RESTART, reason);
@@ -271,12 +273,12 @@ impl Connections {
         self.by_id.iter().map(|connection| connection.queue_depth()).collect()
     }
 
-    /// Sends every connection `go_away` and closes it (server shutdown); each is told to
-    /// wait a random 0..`spread_ms` before reconnecting. Returns the connections sent away.
+    /// Sends every connection `go_away` (see [`Connection::go_away`]) and closes it (server
+    /// shutdown). Returns the connections sent away.
     pub fn go_away_all(&self, reason: &str, spread_ms: u32) -> Vec<Arc<Connection>> {
         let all: Vec<Arc<Connection>> = self.by_id.iter().map(|connection| Arc::clone(&connection)).collect();
         for connection in &all {
-            connection.go_away(reason, rand::random_range(0..=spread_ms));
+            connection.go_away(reason, spread_ms);
         }
         all
     }

@@ -129,7 +129,7 @@ async fn attach(
     node.connections.insert(Arc::clone(connection));
     if node.is_draining() {
         // Shutdown began after this connection was accepted: it gets what the others got.
-        connection.go_away(DRAINING, rand::random_range(0..=node.config.gateway.go_away_spread_ms));
+        connection.go_away(DRAINING, node.config.gateway.go_away_spread_ms);
     }
     let heartbeat = Duration::from_millis(node.config.gateway.heartbeat_ms);
     tokio::spawn(write_loop(sink, queued, Arc::clone(connection), heartbeat, encoding));
