@@ -48,7 +48,15 @@ async fn with_plugins(names: &[&str]) -> (Herald, tempfile::TempDir) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn room_rate_limit_rejects_a_second_message_within_the_room_interval() {
-    let (herald, _dir) = with_plugins(&["room-rate-limit"]).await;
+    let dir = install(&["room-rate-limit"]);
+    // A room interval far longer than any stall: with the manifest's 400 ms, a slow disk
+    // holding the first send's commit (a 1.2 s checkpoint was seen) let the second through.
+    configure(
+        &dir,
+        "room-rate-limit",
+        "[[config.rules]]\npattern = \"room:*\"\nroom_interval_ms = 60000\nsender_interval_ms = 100\nannounce_interval_ms = 100\n",
+    );
+    let herald = Herald::with().set("PLUGINS", dir.path().display()).start().await;
     let mut alice = Client::connect(&herald, "alice", "laptop").await;
     alice.subscribe("room:arena", None).await;
     alice.send_ok("room:arena", "first").await;
