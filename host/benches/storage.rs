@@ -5,7 +5,8 @@
 //! - `renewals`: the seq allocator against SQLite at step 1000 for 10 s, one caller in a
 //!   tight loop (segments renew constantly, faster than any lease), then 10 s paced at
 //!   1 M seqs/s (a renewal every ms); prints percentiles of a single call and the worst
-//!   (target: worst < 1 ms — prefetch must hide renewals), and one lease's round trip.
+//!   (target: worst < 1 ms — prefetch must hide renewals), and one lease's round trip. Each
+//!   run's first seq, which must wait for the conversation's first lease, is timed apart.
 //! - `sqlite` / `mysql` / `postgres`: group-committed inserts of ~200-byte messages from many
 //!   concurrent writers for 10 s, with time-ordered (UUIDv7) client_msg_ids; `sqlite-v4`:
 //!   the same with random UUIDv4 ids (each lands on a random index page: the worst case);
@@ -123,9 +124,15 @@ async fn renewals() {
         let conversation = ConversationId::parse(&format!("room:renewals-{}", per_ms.unwrap_or(0))).expect("valid");
         let mut latencies = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
         eprintln!("renewals ({label}): SQLite, step 1000, one caller, {} s ...", RUN.as_secs());
+        // The conversation's first seq waits for its first lease (nothing to prefetch from
+        // yet): timed apart, since the target is about renewals.
+        let first = Instant::now();
+        let mut last = allocator.next(&conversation).await.expect("seq");
+        let first = first.elapsed();
+        let waited_before = allocator.foreground_leases();
         let mut tick = tokio::time::interval(Duration::from_millis(1));
         let started = Instant::now();
-        let (mut last, mut calls, mut over_1ms) = (0, 0u64, 0u64);
+        let (mut calls, mut over_1ms) = (0u64, 0u64);
         while started.elapsed() < RUN {
             calls += 1;
             if per_ms.is_some_and(|per_ms| calls % per_ms == 0) {
@@ -140,10 +147,11 @@ async fn renewals() {
             last = seq;
         }
         println!(
-            "renewals ({label}): {calls} seqs in {:.1} s ({} segments of 1000, {} waited for), per call p50 {} ns, p99 {} ns, p99.99 {} ns, worst {:.3} ms, {over_1ms} calls over 1 ms (target: worst < 1 ms)",
+            "renewals ({label}): first seq (first lease) {:.3} ms; then {calls} seqs in {:.1} s ({} segments of 1000, {} waited for), per call p50 {} ns, p99 {} ns, p99.99 {} ns, worst {:.3} ms, {over_1ms} calls over 1 ms (target: worst < 1 ms)",
+            first.as_secs_f64() * 1e3,
             started.elapsed().as_secs_f64(),
             last / 1000,
-            allocator.foreground_leases(),
+            allocator.foreground_leases() - waited_before,
             latencies.value_at_quantile(0.5),
             latencies.value_at_quantile(0.99),
             latencies.value_at_quantile(0.9999),

@@ -71,6 +71,10 @@ pub struct GatewayConfig {
     /// On shutdown each connection gets `go_away` with a `reconnect_after_ms` drawn from
     /// 0..this, so the clients of a restarted node do not all come back in the same instant.
     pub go_away_spread_ms: u32,
+    /// A dropped connection is kept this many ms for its device's return, noting what it is
+    /// owed; a device back in time is backfilled only that, not every conversation (a quick
+    /// reconnect causes no backfill storm). 0 turns this off.
+    pub reconnect_grace_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -82,6 +86,7 @@ impl Default for GatewayConfig {
             send_queue: 1024,
             jwt_secret: None,
             go_away_spread_ms: 5_000,
+            reconnect_grace_ms: 30_000,
         }
     }
 }

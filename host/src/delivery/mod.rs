@@ -108,17 +108,21 @@ impl Delivery {
                     continue;
                 }
             };
-            for route in routes.into_iter().filter(|route| route.node == self.node_id) {
-                let Some(connection) = self.connections.get(route.connection) else { continue };
-                if !connection.is_live() || is_own(&connection, &message) {
+            // Connected here, and dropped here within the grace period (they note it as
+            // owed, for their device's return).
+            let connected = routes.into_iter().filter(|route| route.node == self.node_id).filter_map(|route| self.connections.get(route.connection));
+            for connection in connected.chain(self.connections.parked_of(&user)) {
+                if is_own(&connection, &message) {
                     continue;
                 }
                 match &wire {
-                    None => _ = connection.push(sync_hint(&message)),
-                    Some(wire) if connection.claim_push(&conversation, message.seq) => {
-                        self.push_tracked(&connection, &conversation, wire.clone(), 1);
+                    None if connection.is_live() => _ = connection.push(sync_hint(&message)),
+                    None => {}
+                    Some(wire) => {
+                        if let Some(connection) = connection.offer(&conversation, message.seq) {
+                            self.push_tracked(&connection, &conversation, wire.clone(), 1);
+                        }
                     }
-                    Some(_) => {}
                 }
             }
         }

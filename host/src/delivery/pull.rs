@@ -67,6 +67,10 @@ impl Delivery {
     /// Pushes to a just-connected device what its cursors lack, oldest first, waiting for
     /// room in its queue (so a reconnect storm paces itself), then lets live pushes through
     /// and catches up on what was stored meanwhile.
+    ///
+    /// A device back within the reconnect grace period (its connection resumed from the
+    /// dropped one) is owed only a few conversations, known without asking the database:
+    /// only those are read. Otherwise every conversation of the user is.
     pub async fn backfill(self: &Arc<Self>, connection: Arc<Connection>) {
         if !self.vitals.tier().backfills() {
             // Degraded: the device catches up by sync instead.
@@ -74,23 +78,32 @@ impl Delivery {
             return;
         }
         let Ok(_permit) = self.backfill_permits.acquire().await else { return };
-        let conversations = match self.device_conversations(&connection.user, &connection.device).await {
-            Ok(conversations) => conversations,
-            Err(error) => {
-                tracing::warn!(%error, "backfill: storage unavailable; the device can sync");
-                self.vitals.count_error();
-                connection.skip_backfill();
-                return;
-            }
+        let resumed = connection.take_resume();
+        let full = resumed.is_none();
+        metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" }).increment(1);
+        let mut positions = match resumed {
+            Some(owed) => owed,
+            None => match self.device_conversations(&connection.user, &connection.device).await {
+                Ok(conversations) => conversations,
+                Err(error) => {
+                    tracing::warn!(%error, "backfill: storage unavailable; the device can sync");
+                    self.vitals.count_error();
+                    connection.skip_backfill();
+                    return;
+                }
+            },
         };
-        let mut positions = conversations;
         for pass in 0..2 {
             if pass == 1 {
-                // Open the connection to live pushes, then look again — conversations too,
-                // since one may have started while the first pass ran — for anything
-                // stored before live pushes reached this connection.
-                connection.set_live();
-                if let Ok(now) = self.device_conversations(&connection.user, &connection.device).await {
+                // Open the connection to live pushes, then look again for anything stored
+                // before live pushes reached this connection: where fan-out found it not yet
+                // live, and (full backfill) every conversation, since one may have started
+                // while the first pass ran.
+                for (conversation, lowest) in connection.go_live() {
+                    let from = lowest.saturating_sub(1);
+                    positions.entry(conversation).and_modify(|position| *position = (*position).min(from)).or_insert(from);
+                }
+                if full && let Ok(now) = self.device_conversations(&connection.user, &connection.device).await {
                     for (conversation, cursor) in now {
                         positions.entry(conversation).or_insert(cursor);
                     }

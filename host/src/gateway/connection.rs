@@ -4,10 +4,19 @@
 //! Invariants: only the connection's writer task writes to its socket (everyone else
 //! queues); a queue that overflows closes the connection with 4008 rather than growing or
 //! blocking the caller, so one slow client can never stall delivery to others.
+//!
+//! Reconnect grace (ARCHITECTURE.md §3): a dropped connection is *parked* for a while
+//! instead of forgotten. Fan-out still offers it messages, which it notes as owed. When the
+//! same device connects again, the new connection *resumes from* the old one: it takes the
+//! old one's acks and what it owes, and from then on the old one forwards every offer to it.
+//! So a quick reconnect's backfill reads only the conversations the device may lack, not
+//! every conversation the user is in. Every decision about one connection (live or not,
+//! parked, resumed, which seqs were pushed) is made under its one `ledger` lock, so an offer
+//! can never fall between two of them.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 use herald_proto::v1::{self, Frame};
@@ -47,23 +56,81 @@ pub struct Connection {
     writer_done: watch::Sender<bool>,
     /// Flips to true once the connection is closing: nothing more is queued.
     closed: watch::Sender<bool>,
-    /// False while the device is being backfilled; live pushes skip it until then.
+    /// False while the device is being backfilled; live pushes skip it until then. Changed
+    /// only under the `ledger` lock.
     live: AtomicBool,
     /// Highest seq the device acked, per conversation (acks are cumulative).
     acked: Mutex<HashMap<ConversationId, u64>>,
-    /// What backfill and live fan-out pushed, so neither pushes a message the other did.
-    claims: Mutex<Claims>,
+    /// What was pushed and what is owed; see [`Ledger`].
+    ledger: Mutex<Ledger>,
 }
 
-/// Who pushed what while backfill and live fan-out overlap, and after.
+/// Most conversations a connection notes as owed while it is not live; past this a
+/// reconnect falls back to a full backfill.
+pub const MAX_OWED_CONVERSATIONS: usize = 4096;
+
+/// Where the device stands, for pushes and for a reconnect.
 #[derive(Default)]
-struct Claims {
+struct Ledger {
     /// Per conversation, the seqs pushed and not yet matched or acked.
     pushed: HashMap<ConversationId, BTreeSet<u64>>,
     /// Backfill is over: a seq still in `pushed` is one backfill pushed (or read) before its
     /// live fan-out came — which happens when backfill reads a message between its commit
     /// and its fan-out — so that fan-out is skipped once.
     backfill_done: bool,
+    /// Per conversation, the first and the highest seq claimed for this connection: what a
+    /// device that drops may not have received.
+    claimed: HashMap<ConversationId, (u64, u64)>,
+    /// Per conversation, the lowest seq offered while this connection could not take it
+    /// (not live yet, or parked).
+    owed: HashMap<ConversationId, u64>,
+    /// More conversations were owed than [`MAX_OWED_CONVERSATIONS`]; `owed` is incomplete.
+    overflowed: bool,
+    /// Dropped, and waiting for its device to come back (reconnect grace).
+    parked: bool,
+    /// The connection of the same device that took over; offers go there now.
+    successor: Option<Arc<Connection>>,
+    /// Set on a connection that resumed from its predecessor: the conversations its
+    /// backfill reads, each with the seq after which the device may lack messages.
+    resume: Option<BTreeMap<ConversationId, u64>>,
+}
+
+impl Ledger {
+    /// The first-push check shared by backfill and fan-out; records what was claimed.
+    fn claim(&mut self, conversation: &ConversationId, seq: u64) -> bool {
+        let first = if !self.backfill_done {
+            self.pushed.entry(conversation.clone()).or_default().insert(seq)
+        } else if let Some(pushed) = self.pushed.get_mut(conversation) {
+            let first = !pushed.remove(&seq);
+            if pushed.is_empty() {
+                self.pushed.remove(conversation);
+            }
+            first
+        } else {
+            true
+        };
+        if first {
+            match self.claimed.get_mut(conversation) {
+                Some((low, high)) => {
+                    *low = (*low).min(seq);
+                    *high = (*high).max(seq);
+                }
+                None => _ = self.claimed.insert(conversation.clone(), (seq, seq)),
+            }
+        }
+        first
+    }
+
+    /// Notes that `seq` of `conversation` was offered and could not be taken.
+    fn owe(&mut self, conversation: &ConversationId, seq: u64) {
+        if let Some(lowest) = self.owed.get_mut(conversation) {
+            *lowest = (*lowest).min(seq);
+        } else if self.owed.len() < MAX_OWED_CONVERSATIONS {
+            self.owed.insert(conversation.clone(), seq);
+        } else {
+            self.overflowed = true;
+        }
+    }
 }
 
 impl Connection {
@@ -80,7 +147,7 @@ impl Connection {
             closed: watch::Sender::new(false),
             live: AtomicBool::new(false),
             acked: Mutex::new(HashMap::new()),
-            claims: Mutex::new(Claims::default()),
+            ledger: Mutex::new(Ledger::default()),
         }
     }
 
@@ -172,9 +239,16 @@ impl Connection {
         self.live.load(Ordering::SeqCst)
     }
 
-    /// Lets live pushes through.
-    pub fn set_live(&self) {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lets live pushes through, and returns what was offered before (per conversation, the
+    /// lowest seq), which backfill's last pass must read.
+    pub fn go_live(&self) -> HashMap<ConversationId, u64> {
+        let mut ledger = self.ledger();
         self.live.store(true, Ordering::SeqCst);
+        std::mem::take(&mut ledger.owed)
     }
 
     /// Records a cumulative ack; returns whether it moved the device's position forward.
@@ -191,44 +265,101 @@ impl Connection {
     /// Claims the first push of `seq` of `conversation`: false if backfill or live push
     /// already pushed it, or the device acked it already.
     pub fn claim_push(&self, conversation: &ConversationId, seq: u64) -> bool {
+        seq > self.acked_through(conversation) && self.ledger().claim(conversation, seq)
+    }
+
+    /// Live fan-out offers `seq` of `conversation` to this device: returns the connection to
+    /// push it to, having claimed the push there. `None` when the device has it, or cannot
+    /// take it now — not live yet, or parked — in which case it is noted as owed. A
+    /// connection that another took over passes the offer on.
+    pub fn offer(self: &Arc<Self>, conversation: &ConversationId, seq: u64) -> Option<Arc<Connection>> {
         if seq <= self.acked_through(conversation) {
+            return None;
+        }
+        let mut ledger = self.ledger();
+        if let Some(successor) = ledger.successor.clone() {
+            drop(ledger);
+            return successor.offer(conversation, seq);
+        }
+        if ledger.parked || !self.is_live() {
+            ledger.owe(conversation, seq);
+            return None;
+        }
+        ledger.claim(conversation, seq).then(|| Arc::clone(self))
+    }
+
+    /// The connection dropped: keep it for its device's return. False (nothing to keep)
+    /// when another connection took over already, or its backfill never finished — the
+    /// device then gets a full backfill when it returns.
+    pub fn park(&self) -> bool {
+        let mut ledger = self.ledger();
+        if ledger.successor.is_some() || !ledger.backfill_done {
             return false;
         }
-        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
-        if !claims.backfill_done {
-            return claims.pushed.entry(conversation.clone()).or_default().insert(seq);
+        ledger.parked = true;
+        true
+    }
+
+    /// This new connection of the same device takes over from `previous` (kicked, or
+    /// parked): from now on `previous` passes every offer here. When `previous` knows all
+    /// its device may lack, this connection takes its acks and those conversations, and its
+    /// backfill reads only them (see [`Connection::take_resume`]); returns whether it did.
+    pub fn resume_from(self: &Arc<Self>, previous: &Connection) -> bool {
+        let mut old = previous.ledger();
+        if old.successor.is_some() {
+            return false;
         }
-        let Some(pushed) = claims.pushed.get_mut(conversation) else { return true };
-        let first = !pushed.remove(&seq);
-        if pushed.is_empty() {
-            claims.pushed.remove(conversation);
+        old.successor = Some(Arc::clone(self));
+        if !old.backfill_done || old.overflowed {
+            return false;
         }
-        first
+        let acked = previous.acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut resume = BTreeMap::new();
+        for (conversation, &(low, high)) in &old.claimed {
+            let acked_through = acked.get(conversation).copied().unwrap_or(0);
+            if high > acked_through {
+                resume.insert(conversation.clone(), acked_through.max(low.saturating_sub(1)));
+            }
+        }
+        for (conversation, &lowest) in &old.owed {
+            let from = lowest.saturating_sub(1);
+            resume.entry(conversation.clone()).and_modify(|position: &mut u64| *position = (*position).min(from)).or_insert(from);
+        }
+        drop(old);
+        self.acked.lock().unwrap_or_else(|p| p.into_inner()).extend(acked);
+        self.ledger().resume = Some(resume);
+        true
+    }
+
+    /// For backfill, once: the conversations to read, each with the seq to read after, when
+    /// this connection resumed from its predecessor; `None` means read everything.
+    pub fn take_resume(&self) -> Option<BTreeMap<ConversationId, u64>> {
+        self.ledger().resume.take()
     }
 
     /// No backfill for this connection: live pushes go through now, and what the device
     /// lacks it pulls with `sync`.
     pub fn skip_backfill(&self) {
-        self.set_live();
+        self.go_live();
         self.end_claims();
     }
 
     /// Backfill is over: from now on a live push is skipped only if backfill pushed it.
     pub fn end_claims(&self) {
-        self.claims.lock().unwrap_or_else(|p| p.into_inner()).backfill_done = true;
+        self.ledger().backfill_done = true;
     }
 
     /// Once backfill is over, claims up to an acked seq are no longer needed (live fan-out
     /// of those has come, or the device has them); dropping them keeps the set small.
     fn forget_claims_through(&self, conversation: &ConversationId, seq: u64) {
-        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
-        if !claims.backfill_done {
+        let mut ledger = self.ledger();
+        if !ledger.backfill_done {
             return;
         }
-        if let Some(pushed) = claims.pushed.get_mut(conversation) {
+        if let Some(pushed) = ledger.pushed.get_mut(conversation) {
             *pushed = pushed.split_off(&seq.saturating_add(1));
             if pushed.is_empty() {
-                claims.pushed.remove(conversation);
+                ledger.pushed.remove(conversation);
             }
         }
     }
@@ -239,14 +370,18 @@ impl Connection {
     }
 }
 
-/// The connections on this node, by id.
+/// The connections on this node, by id, and the dropped ones parked for their device's
+/// return (by user).
 #[derive(Default)]
 pub struct Connections {
-    by_id: DashMap<ConnectionId, std::sync::Arc<Connection>>,
+    by_id: DashMap<ConnectionId, Arc<Connection>>,
+    parked: DashMap<UserId, Vec<Arc<Connection>>>,
+    /// How many are parked (so fan-out skips the lookup when none is).
+    parked_count: AtomicUsize,
 }
 
 impl Connections {
-    pub fn insert(&self, connection: std::sync::Arc<Connection>) {
+    pub fn insert(&self, connection: Arc<Connection>) {
         self.by_id.insert(connection.id, connection);
     }
 
@@ -254,8 +389,8 @@ impl Connections {
         self.by_id.remove(&id);
     }
 
-    pub fn get(&self, id: ConnectionId) -> Option<std::sync::Arc<Connection>> {
-        self.by_id.get(&id).map(|c| std::sync::Arc::clone(&c))
+    pub fn get(&self, id: ConnectionId) -> Option<Arc<Connection>> {
+        self.by_id.get(&id).map(|c| Arc::clone(&c))
     }
 
     /// How many are open.
@@ -266,6 +401,50 @@ impl Connections {
     /// Whether none is open.
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
+    }
+
+    /// Keeps a dropped connection (already [`Connection::park`]ed) for its device's return.
+    pub fn park(&self, connection: Arc<Connection>) {
+        self.parked.entry(connection.user.clone()).or_default().push(connection);
+        self.parked_count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Takes the parked connection of `user`'s `device`, if there is one.
+    pub fn unpark(&self, user: &UserId, device: &DeviceId) -> Option<Arc<Connection>> {
+        self.take_parked(user, |parked| parked.device == *device)
+    }
+
+    /// Forgets `connection` if it is still parked (its grace period is over); returns
+    /// whether it was.
+    pub fn expire(&self, connection: &Arc<Connection>) -> bool {
+        self.take_parked(&connection.user, |parked| Arc::ptr_eq(parked, connection)).is_some()
+    }
+
+    fn take_parked(&self, user: &UserId, which: impl Fn(&Arc<Connection>) -> bool) -> Option<Arc<Connection>> {
+        let mut devices = self.parked.get_mut(user)?;
+        let taken = devices.iter().position(which).map(|at| devices.swap_remove(at));
+        let now_empty = devices.is_empty();
+        drop(devices);
+        if now_empty {
+            self.parked.remove_if(user, |_, devices| devices.is_empty());
+        }
+        if taken.is_some() {
+            self.parked_count.fetch_sub(1, Ordering::SeqCst);
+        }
+        taken
+    }
+
+    /// The parked connections of `user` (fan-out notes what they are owed).
+    pub fn parked_of(&self, user: &UserId) -> Vec<Arc<Connection>> {
+        if self.parked_count.load(Ordering::SeqCst) == 0 {
+            return Vec::new();
+        }
+        self.parked.get(user).map(|devices| devices.clone()).unwrap_or_default()
+    }
+
+    /// How many are parked.
+    pub fn parked_len(&self) -> usize {
+        self.parked_count.load(Ordering::SeqCst)
     }
 
     /// The send-queue depth of every open connection.
@@ -327,5 +506,74 @@ mod tests {
         connection.record_ack(&dm, 5);
         assert!(!connection.claim_push(&dm, 5));
         assert!(connection.claim_push(&dm, 6));
+    }
+
+    fn connection_of(id: ConnectionId) -> Arc<Connection> {
+        let (outbox, _) = mpsc::channel(8);
+        Arc::new(Connection::new(id, UserId::parse("bob").expect("user"), DeviceId::parse("phone").expect("device"), outbox))
+    }
+
+    /// A connection whose backfill is over and that took live pushes.
+    fn settled(id: ConnectionId) -> Arc<Connection> {
+        let connection = connection_of(id);
+        connection.go_live();
+        connection.end_claims();
+        connection
+    }
+
+    #[test]
+    fn a_parked_connection_notes_offers_and_its_successor_resumes_with_exactly_what_is_owed() {
+        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
+        let grp = ConversationId::parse("grp:team").expect("conversation");
+        let read = ConversationId::parse("dm:bob:carol").expect("conversation");
+        let old = settled(1);
+        // Pushed and acked: 3 of read, 4..=5 of dm; pushed and not acked: 6 of dm.
+        for (conversation, seq) in [(&read, 3), (&dm, 4), (&dm, 5), (&dm, 6)] {
+            assert!(old.offer(conversation, seq).is_some_and(|to| Arc::ptr_eq(&to, &old)));
+        }
+        old.record_ack(&read, 3);
+        old.record_ack(&dm, 5);
+        assert!(old.park());
+        assert!(old.offer(&grp, 9).is_none() && old.offer(&grp, 8).is_none(), "parked: noted, not pushed");
+        assert!(old.offer(&dm, 7).is_none());
+
+        let new = connection_of(2);
+        assert!(new.resume_from(&old));
+        let resume = new.take_resume().expect("resumed");
+        let expected: BTreeMap<ConversationId, u64> = [(dm.clone(), 5), (grp.clone(), 7)].into_iter().collect();
+        assert_eq!(resume, expected, "from the ack on, and from the lowest seq offered while parked");
+        assert_eq!(new.acked_through(&read), 3, "acks carried over");
+
+        // An offer that still reaches the old connection goes to the new one: owed while it
+        // is not live, pushed once it is.
+        assert!(old.offer(&grp, 10).is_none());
+        assert_eq!(new.go_live().get(&grp), Some(&10));
+        new.end_claims();
+        assert!(old.offer(&grp, 11).is_some_and(|to| Arc::ptr_eq(&to, &new)));
+        assert!(!new.resume_from(&old) && !connection_of(3).resume_from(&old), "taken over once");
+    }
+
+    #[test]
+    fn a_connection_whose_backfill_never_finished_is_not_resumed_from() {
+        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
+        let old = connection_of(1);
+        assert!(!old.park(), "it may not know all its device lacks");
+        let new = connection_of(2);
+        assert!(!new.resume_from(&old));
+        assert!(new.take_resume().is_none(), "a full backfill");
+        // Offers still move on to the new connection.
+        assert!(old.offer(&dm, 4).is_none());
+        assert_eq!(new.go_live().get(&dm), Some(&4));
+    }
+
+    #[test]
+    fn too_many_owed_conversations_fall_back_to_a_full_backfill() {
+        let old = settled(1);
+        assert!(old.park());
+        for n in 0..=MAX_OWED_CONVERSATIONS {
+            let conversation = ConversationId::parse(&format!("grp:g{n}")).expect("conversation");
+            assert!(old.offer(&conversation, 1).is_none());
+        }
+        assert!(!connection_of(2).resume_from(&old));
     }
 }

@@ -5,6 +5,10 @@
 //! sending half and drains a bounded queue. The server pings every `heartbeat_ms`; a
 //! connection silent for three intervals is closed and its routes removed. A second
 //! connection of the same user and device kicks the first (4009).
+//!
+//! A dropped connection is parked for `reconnect_grace_ms`; its device, back within that
+//! time (or reconnecting before the old connection was noticed dead, which kicks it), resumes
+//! from it: see [`connection`].
 
 pub mod auth;
 pub mod connection;
@@ -151,14 +155,24 @@ async fn attach(
         connection: connection.id,
         connected_at_ms: node.clock.now_ms(),
     };
-    match node.routes.login(route).await {
+    let kicked = match node.routes.login(route).await {
         Ok(Some(replaced)) if replaced.connection != connection.id && replaced.node == node.config.node_id => {
-            if let Some(old) = node.connections.get(replaced.connection) {
-                old.close(close::KICKED, "the same user and device connected again");
-            }
+            node.connections.get(replaced.connection)
         }
-        Ok(_) => {}
-        Err(error) => tracing::warn!(%error, "route table unavailable at login"),
+        Ok(_) => None,
+        Err(error) => {
+            tracing::warn!(%error, "route table unavailable at login");
+            None
+        }
+    };
+    if let Some(old) = &kicked {
+        old.close(close::KICKED, "the same user and device connected again");
+    }
+    // After the login, so that every offer reaches the old connection or this one.
+    let parked = node.connections.unpark(&connection.user, &connection.device);
+    if let Some(previous) = kicked.or(parked) {
+        let resumed = connection.resume_from(&previous);
+        metrics::counter!("herald_gateway_reconnects_total", "resumed" => if resumed { "yes" } else { "no" }).increment(1);
     }
     metrics::gauge!("herald_gateway_connections").set(node.connections.len() as f64);
     tokio::spawn({
@@ -168,14 +182,28 @@ async fn attach(
     });
 }
 
-/// Removes every trace of a closed connection.
-async fn detach(node: &Node, connection: &Connection) {
+/// Removes a closed connection: its route and room subscriptions go; the connection itself
+/// is parked for `reconnect_grace_ms` (not while draining), so that its device, back within
+/// that time, resumes from it instead of being backfilled from scratch.
+async fn detach(node: &Arc<Node>, connection: &Arc<Connection>) {
     node.rooms.drop_connection(connection.id);
+    let grace = node.config.gateway.reconnect_grace_ms;
+    // Parked before the route goes, so fan-out always finds one or the other.
+    if grace > 0 && !node.is_draining() && connection.park() {
+        node.connections.park(Arc::clone(connection));
+        let (node, connection) = (Arc::clone(node), Arc::clone(connection));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(grace)).await;
+            node.connections.expire(&connection);
+            metrics::gauge!("herald_gateway_parked").set(node.connections.parked_len() as f64);
+        });
+    }
     if let Err(error) = node.routes.logout(&connection.user, &connection.device, connection.id).await {
         tracing::warn!(%error, "route table unavailable at logout");
     }
     node.connections.remove(connection.id);
     metrics::gauge!("herald_gateway_connections").set(node.connections.len() as f64);
+    metrics::gauge!("herald_gateway_parked").set(node.connections.parked_len() as f64);
 }
 
 /// Reads and dispatches frames until the connection should close; returns why.

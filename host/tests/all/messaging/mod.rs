@@ -28,6 +28,7 @@ mod heartbeat;
 mod hostile;
 mod http;
 mod plugins;
+mod reconnect;
 mod rooms;
 mod slow_consumer;
 mod sync;

@@ -1,0 +1,134 @@
+//! Reconnect grace (ARCHITECTURE.md §3): a device back soon after its connection dropped
+//! resumes where it was — it gets what it had not acked and what was sent meanwhile, and its
+//! backfill reads only those conversations instead of every conversation of the user.
+
+use std::time::{Duration, Instant};
+
+use herald_proto::v1;
+
+use super::client::Client;
+use super::dm;
+use super::server::{DEV_KEY, Herald};
+
+/// The value of the Prometheus sample `series` (name with labels), 0 when absent.
+async fn metric(herald: &Herald, series: &str) -> f64 {
+    let metrics = herald.get("/metrics", None).await;
+    assert_eq!(metrics.status, 200, "{metrics:?}");
+    metrics
+        .body
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits until the server has let `user`'s `device` go (it is gone from presence).
+async fn wait_until_offline(herald: &Herald, user: &str, device: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let presence = herald.get(&format!("/v1/users/{user}/presence"), Some(DEV_KEY)).await;
+        if presence.status == 200 && !presence.body.contains(device) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{user}/{device} still online: {presence:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The bodies of the next `count` distinct messages pushed in `conversation`, by seq.
+async fn bodies(client: &mut Client, conversation: &str, count: usize) -> Vec<String> {
+    let messages = client.distinct_deliveries(conversation, count).await;
+    messages.iter().map(|message| String::from_utf8_lossy(&message.body).into_owned()).collect()
+}
+
+/// Bob is in three conversations, all read. Then one message is pushed and not acked, his
+/// connection drops, and two conversations get messages while he is away.
+async fn bob_drops_with_messages_owed(herald: &Herald) -> (Client, Client) {
+    let mut alice = Client::connect(herald, "alice", "laptop").await;
+    let mut carol = Client::connect(herald, "carol", "laptop").await;
+    let mut bob = Client::connect(herald, "bob", "phone").await;
+    for (sender, conversation) in [(&mut alice, dm("alice", "bob")), (&mut carol, dm("bob", "carol"))] {
+        let ack = sender.send_ok(&conversation, "read already").await;
+        bob.deliver_of(ack.message_id).await;
+        bob.deliver_ack(&conversation, ack.seq).await;
+    }
+    let quiet = Client::connect(herald, "dave", "laptop").await.send_ok(&dm("bob", "dave"), "read already").await;
+    bob.deliver_of(quiet.message_id).await;
+    bob.deliver_ack(&dm("bob", "dave"), quiet.seq).await;
+
+    let unacked = alice.send_ok(&dm("alice", "bob"), "pushed, not acked").await;
+    bob.deliver_of(unacked.message_id).await;
+    // The acks above reach the server before the drop: a ping answered after them.
+    bob.ping().await;
+    drop(bob);
+    wait_until_offline(herald, "bob", "phone").await;
+
+    alice.send_ok(&dm("alice", "bob"), "while away 1").await;
+    alice.send_ok(&dm("alice", "bob"), "while away 2").await;
+    carol.send_ok(&dm("bob", "carol"), "while away 3").await;
+    (alice, carol)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_back_within_the_grace_period_gets_what_it_lacks_from_a_resumed_backfill() {
+    let herald = Herald::with().set("GATEWAY__RECONNECT_GRACE_MS", 60_000).start().await;
+    let (_alice, _carol) = bob_drops_with_messages_owed(&herald).await;
+    let full_before = metric(&herald, r#"herald_delivery_backfills_total{path="full"}"#).await;
+
+    let mut bob = Client::connect(&herald, "bob", "phone").await;
+    assert_eq!(
+        bodies(&mut bob, &dm("alice", "bob"), 3).await,
+        ["pushed, not acked", "while away 1", "while away 2"],
+        "the unacked message and the ones sent while away, in order"
+    );
+    assert_eq!(bodies(&mut bob, &dm("bob", "carol"), 1).await, ["while away 3"]);
+    bob.assert_quiet(Duration::from_millis(300), "nothing already acked is pushed again", |frame| {
+        matches!(&frame.body, Some(v1::frame::Body::Deliver(deliver))
+            if deliver.message.as_ref().is_some_and(|message| message.body.as_ref() == b"read already"))
+    })
+    .await;
+
+    assert_eq!(metric(&herald, r#"herald_gateway_reconnects_total{resumed="yes"}"#).await, 1.0);
+    assert_eq!(metric(&herald, r#"herald_delivery_backfills_total{path="resumed"}"#).await, 1.0);
+    assert_eq!(
+        metric(&herald, r#"herald_delivery_backfills_total{path="full"}"#).await,
+        full_before,
+        "the reconnect read only the owed conversations"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_grace_period_a_device_gets_a_full_backfill_and_still_everything() {
+    let herald = Herald::with().set("GATEWAY__RECONNECT_GRACE_MS", 200).start().await;
+    let (_alice, _carol) = bob_drops_with_messages_owed(&herald).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let full_before = metric(&herald, r#"herald_delivery_backfills_total{path="full"}"#).await;
+
+    let mut bob = Client::connect(&herald, "bob", "phone").await;
+    assert_eq!(bodies(&mut bob, &dm("alice", "bob"), 3).await, ["pushed, not acked", "while away 1", "while away 2"]);
+    assert_eq!(bodies(&mut bob, &dm("bob", "carol"), 1).await, ["while away 3"]);
+    assert_eq!(metric(&herald, r#"herald_delivery_backfills_total{path="full"}"#).await, full_before + 1.0);
+    assert_eq!(metric(&herald, r#"herald_delivery_backfills_total{path="resumed"}"#).await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_reconnects_before_its_drop_is_noticed_resumes_from_the_kicked_connection() {
+    let herald = Herald::start().await;
+    let mut alice = Client::connect(&herald, "alice", "laptop").await;
+    let mut stale = Client::connect(&herald, "bob", "phone").await;
+    let conversation = dm("alice", "bob");
+    let read = alice.send_ok(&conversation, "read").await;
+    stale.deliver_of(read.message_id).await;
+    stale.deliver_ack(&conversation, read.seq).await;
+    let unacked = alice.send_ok(&conversation, "pushed to the stale socket").await;
+    stale.deliver_of(unacked.message_id).await;
+    stale.ping().await;
+
+    // The same device again, while the server still thinks the first socket is fine.
+    let mut bob = Client::connect(&herald, "bob", "phone").await;
+    stale.expect_close_code(4009, "the newer connection of the same device wins").await;
+    assert_eq!(bodies(&mut bob, &conversation, 1).await, ["pushed to the stale socket"]);
+    let after = alice.send_ok(&conversation, "after the switch").await;
+    assert_eq!(bob.deliver_of(after.message_id).await.message.expect("message").body.as_ref(), b"after the switch");
+    assert_eq!(metric(&herald, r#"herald_gateway_reconnects_total{resumed="yes"}"#).await, 1.0);
+    assert_eq!(metric(&herald, r#"herald_delivery_backfills_total{path="resumed"}"#).await, 1.0);
+}
