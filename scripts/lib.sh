@@ -64,3 +64,27 @@ build_test_guests() {
             || die "building the test guests ($manifest) failed"
     done
 }
+
+# Starts the release build of Herald in dev mode on 127.0.0.1:$1 with data dir $2 (further
+# arguments are VAR=value settings for it), waits until it answers, and sets $server.
+# The scripts' own HERALD_LOADTEST_* settings are not the server's: Herald refuses unknown
+# HERALD_* keys.
+start_herald() {
+    local port=$1 data=$2
+    shift 2
+    RUST_LOG=warn env -u HERALD_LOADTEST_PLUGINS -u HERALD_LOADTEST_PORT "$@" \
+        target/release/herald serve --dev --listen "127.0.0.1:$port" --data-dir "$data" &
+    server=$!
+    for _ in $(seq 1 300); do
+        curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
+        kill -0 "$server" 2>/dev/null || break
+        sleep 0.1
+    done
+    die "Herald did not come up on port $port (its error is above)"
+}
+
+# Stops the server start_herald started.
+stop_herald() {
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+}

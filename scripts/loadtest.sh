@@ -23,19 +23,8 @@ if [ "${HERALD_LOADTEST_PLUGINS:-0}" = 1 ]; then
     say "first-party plugins loaded: $(ls "$data/plugins" | grep -c wasm)"
 fi
 port=${HERALD_LOADTEST_PORT:-7099}
-trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$data"' EXIT
-# The script's own HERALD_LOADTEST_* settings are not the server's: Herald refuses unknown
-# HERALD_* keys.
-RUST_LOG=warn env -u HERALD_LOADTEST_PLUGINS -u HERALD_LOADTEST_PORT \
-    target/release/herald serve --dev --listen "127.0.0.1:$port" --data-dir "$data" &
-server=$!
-up=0
-for _ in $(seq 1 300); do
-    curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && { up=1; break; }
-    kill -0 "$server" 2>/dev/null || break
-    sleep 0.1
-done
-[ "$up" = 1 ] || die "Herald did not come up on port $port (its error is above)"
+trap 'stop_herald; rm -rf "$data"' EXIT
+start_herald "$port" "$data"
 say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; load generator on the same box"
 say "1) 1,000 users at a steady 5,000 msgs/s"
 target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --compare-relay --quiet "$@"
