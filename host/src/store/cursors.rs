@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use sqlx::QueryBuilder;
 
-use super::{Database, StoreError, on_backend, signed, unsigned};
+use super::{Database, ROWS_PER_STATEMENT, StoreError, on_backend, signed, unsigned};
 use crate::model::{ConversationId, DeviceId, UserId};
 
 /// "This device has every message of the conversation up to `seq`."
@@ -21,7 +21,9 @@ pub struct CursorUpdate {
 }
 
 impl Database {
-    /// Moves each cursor forward to its seq (never back), all in one statement.
+    /// Moves each cursor forward to its seq (never back), all in one transaction, in
+    /// statements of at most [`ROWS_PER_STATEMENT`] rows (a flush after a burst of acks can
+    /// hold more cursors than one statement may bind).
     ///
     /// # Errors
     /// [`StoreError::Database`] when the write fails; no cursor moved.
@@ -35,14 +37,21 @@ impl Database {
         if highest.is_empty() {
             return Ok(());
         }
+        // In key order: concurrent flushes then lock rows in one order (no deadlock).
+        let mut rows: Vec<_> = highest.into_iter().collect();
+        rows.sort_unstable();
         on_backend!(self.writer, |pool, sql| {
-            let mut upsert =
-                QueryBuilder::new("INSERT INTO device_cursors (user_id, device_id, conversation, seq) ");
-            upsert.push_values(&highest, |mut row, ((user, device, conversation), seq)| {
-                row.push_bind(*user).push_bind(*device).push_bind(*conversation).push_bind(signed(*seq));
-            });
-            upsert.push(sql.upsert_cursors_tail);
-            upsert.build().execute(pool).await?;
+            let mut transaction = pool.begin().await?;
+            for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+                let mut upsert =
+                    QueryBuilder::new("INSERT INTO device_cursors (user_id, device_id, conversation, seq) ");
+                upsert.push_values(chunk, |mut row, ((user, device, conversation), seq)| {
+                    row.push_bind(*user).push_bind(*device).push_bind(*conversation).push_bind(signed(*seq));
+                });
+                upsert.push(sql.upsert_cursors_tail);
+                upsert.build().execute(&mut *transaction).await?;
+            }
+            transaction.commit().await?;
         });
         Ok(())
     }

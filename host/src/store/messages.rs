@@ -8,11 +8,7 @@ use std::collections::HashSet;
 
 use sqlx::{ColumnIndex, Decode, QueryBuilder, Row, Type};
 
-use super::{Database, StoreError, on_backend, signed, unsigned};
-
-/// Rows per INSERT statement: 9 parameters a row stays far below every driver's limit
-/// (SQLite 32,766; MySQL and PostgreSQL 65,535).
-const ROWS_PER_STATEMENT: usize = 256;
+use super::{Database, ROWS_PER_STATEMENT, StoreError, on_backend, signed, unsigned};
 use crate::model::{ClientMsgId, ConversationId, DeviceId, UserId};
 
 /// A message ready to be stored: ids allocated, content validated.

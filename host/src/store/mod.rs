@@ -325,6 +325,11 @@ impl Database {
     }
 }
 
+/// Rows per multi-row statement: at 9 parameters a row (a message; a cursor has 4) this
+/// stays far below every driver's limit on bound parameters (SQLite 32,766; MySQL and
+/// PostgreSQL 65,535). Larger batches are split into several statements of one transaction.
+pub(crate) const ROWS_PER_STATEMENT: usize = 256;
+
 /// Converts a stored signed BIGINT back to the unsigned value Herald wrote.
 pub(crate) fn unsigned(value: i64, column: &str) -> Result<u64, StoreError> {
     u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{column} is negative: {value}")))

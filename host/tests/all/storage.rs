@@ -159,6 +159,16 @@ async fn cursors_only_move_forward(backend: Backend) {
     let cursors = db.database.cursors(&user, &device).await.expect("read");
     assert_eq!(cursors, vec![("dm:u1:u2".to_owned(), 9), ("grp:g".to_owned(), 5)]);
     db.database.advance_cursors(&[]).await.expect("empty batch is fine");
+
+    // A flush after a burst of acks: more cursors than one statement may bind on any
+    // backend (4 parameters a cursor; SQLite takes 32,766, the others 65,535), written all
+    // the same. Before, such a flush failed, was kept for a retry that failed too, and no
+    // cursor was written again.
+    let burst: Vec<CursorUpdate> = (0..20_000).map(|n| update(&format!("grp:g{n}"), n + 1)).collect();
+    db.database.advance_cursors(&burst).await.expect("a burst of cursors is written");
+    let cursors = db.database.cursors(&user, &device).await.expect("read");
+    assert_eq!(cursors.len(), 20_002, "every cursor of the burst, and the two before");
+    assert!(cursors.contains(&("grp:g19999".to_owned(), 20_000)), "{:?}", cursors.last());
     db.drop_database().await;
 }
 
