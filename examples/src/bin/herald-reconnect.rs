@@ -198,14 +198,15 @@ async fn device(
         connection.feed(&Frame::new(rid, send)).await?;
     }
     connection.flush().await?;
-    let (mut acks, mut delivered) = (0, 0);
-    while acks < half || delivered < half {
+    // Distinct conversations: a redelivery of a message not yet acked must not count twice.
+    let (mut acks, mut delivered) = (0, std::collections::HashSet::new());
+    while acks < half || delivered.len() < half {
         match tokio::time::timeout(WAIT, connection.recv()).await??.body {
             Some(Body::SendAck(_)) => acks += 1,
             Some(Body::Deliver(deliver)) => {
                 let message = deliver.message.ok_or("deliver without a message")?;
-                connection.send(&Frame::new(0, v1::DeliverAck { conversation: message.conversation, seq: message.seq })).await?;
-                delivered += 1;
+                connection.send(&Frame::new(0, v1::DeliverAck { conversation: message.conversation.clone(), seq: message.seq })).await?;
+                delivered.insert(message.conversation);
             }
             _ => {}
         }
