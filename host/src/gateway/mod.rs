@@ -175,6 +175,7 @@ async fn attach(
         metrics::counter!("herald_gateway_reconnects_total", "resumed" => if resumed { "yes" } else { "no" }).increment(1);
     }
     metrics::gauge!("herald_gateway_connections").set(node.connections.len() as f64);
+    metrics::gauge!("herald_gateway_parked").set(node.connections.parked_len() as f64);
     tokio::spawn({
         let delivery = Arc::clone(&node.delivery);
         let connection = Arc::clone(connection);
