@@ -114,6 +114,9 @@ pub struct DeliveryConfig {
     pub max_page: u32,
     /// How long a dedup mark lives, in ms (the unique index guards beyond it).
     pub dedup_ttl_ms: u64,
+    /// Most dedup marks held; past it the least recently used go first (a duplicate of an
+    /// evicted one is still caught by the unique index). About 400 bytes each.
+    pub dedup_max_marks: u64,
     /// How often the node samples its health and asks the degrade hook for a tier, in ms.
     pub degrade_interval_ms: u64,
 }
@@ -130,6 +133,7 @@ impl Default for DeliveryConfig {
             backfill_concurrency: 32,
             max_page: 500,
             dedup_ttl_ms: 600_000,
+            dedup_max_marks: 500_000,
             degrade_interval_ms: 1_000,
         }
     }

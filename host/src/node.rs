@@ -89,7 +89,7 @@ impl Node {
         let connections = Arc::new(Connections::default());
         let membership = Arc::new(Membership::new(database.clone(), Arc::clone(&rooms)));
         let lanes = Arc::new(Lanes::default());
-        let dedup = Arc::new(Dedup::new(Duration::from_millis(config.delivery.dedup_ttl_ms)));
+        let dedup = Arc::new(Dedup::new(Duration::from_millis(config.delivery.dedup_ttl_ms), config.delivery.dedup_max_marks));
         let vitals = Arc::new(Vitals::default());
         let delivery = Arc::new(Delivery {
             config: config.delivery.clone(),
@@ -142,13 +142,6 @@ impl Node {
                 }
             });
         }
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                every.tick().await;
-                dedup.sweep();
-            }
-        });
         Ok(Arc::new(Self {
             auth: Authenticator::new(config.gateway.jwt_secret.as_deref(), config.dev)
                 .map_err(|error| NodeError::Config(error.to_string()))?,

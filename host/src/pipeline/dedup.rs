@@ -5,13 +5,18 @@
 //! and cancel, the TTL heals it. A duplicate that arrives while the original is still in
 //! flight waits for the original's outcome and answers with the same ids. The unique index
 //! in storage is the final guard beyond the TTL.
+//!
+//! The marks live in a [`moka`] cache: expiry and eviction are spread over its operations,
+//! never one pass over every mark under a lock that sends wait for, and the number of marks
+//! is bounded (`delivery.dedup_max_marks`). A mark evicted early costs only a trip to the
+//! unique index, which answers the duplicate with the original's ids all the same.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::DashMap;
-use dashmap::mapref::entry::Entry;
+use moka::policy::EvictionPolicy;
+use moka::sync::Cache;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 use crate::model::{ClientMsgId, UserId};
 
@@ -34,15 +39,9 @@ pub enum Mark {
     InFlight(watch::Receiver<Option<Option<Outcome>>>),
 }
 
-enum State {
-    InFlight(watch::Sender<Option<Option<Outcome>>>),
-    Stored(Outcome),
-}
-
-struct Entry_ {
-    state: State,
-    expires: Instant,
-}
+/// One mark: the watch channel is its state — `None` while the send is in flight, then
+/// `Some(Some(outcome))` once stored or `Some(None)` once cancelled.
+type Slot = Arc<watch::Sender<Option<Option<Outcome>>>>;
 
 /// Waits for the send holding a mark to end: its ids once stored, or why it did not store.
 ///
@@ -61,72 +60,65 @@ pub async fn await_original(mut original: watch::Receiver<Option<Option<Outcome>
 
 /// In-process dedup marks (embedded mode; Redis `SET NX PX` in cluster mode).
 pub struct Dedup {
-    marks: DashMap<(UserId, ClientMsgId), Entry_>,
-    ttl: Duration,
+    marks: Cache<(UserId, ClientMsgId), Slot>,
 }
 
 impl Dedup {
-    /// Marks that live for `ttl`.
-    pub fn new(ttl: Duration) -> Self {
-        Self { marks: DashMap::new(), ttl }
+    /// Marks that live for `ttl` from when they were taken, at most
+    /// `max_marks` of them (the least recently used go first).
+    pub fn new(ttl: Duration, max_marks: u64) -> Self {
+        let marks = Cache::builder().max_capacity(max_marks).time_to_live(ttl).eviction_policy(EvictionPolicy::lru()).build();
+        Self { marks }
     }
 
     /// Takes the mark for (`sender`, `client_msg_id`), or says who holds it.
     pub fn try_mark(&self, sender: &UserId, client_msg_id: &ClientMsgId) -> Mark {
-        let now = Instant::now();
-        match self.marks.entry((sender.clone(), client_msg_id.clone())) {
-            Entry::Occupied(mut occupied) if occupied.get().expires > now => match &occupied.get_mut().state {
-                State::Stored(outcome) => Mark::Stored(outcome.clone()),
-                State::InFlight(sender) => Mark::InFlight(sender.subscribe()),
-            },
-            Entry::Occupied(mut expired) => {
-                let (sender, _) = watch::channel(None);
-                expired.insert(Entry_ { state: State::InFlight(sender), expires: now + self.ttl });
-                Mark::Fresh
-            }
-            Entry::Vacant(vacant) => {
-                let (sender, _) = watch::channel(None);
-                vacant.insert(Entry_ { state: State::InFlight(sender), expires: now + self.ttl });
-                Mark::Fresh
-            }
+        let entry = self
+            .marks
+            .entry((sender.clone(), client_msg_id.clone()))
+            .or_insert_with(|| Arc::new(watch::Sender::new(None)));
+        if entry.is_fresh() {
+            return Mark::Fresh;
+        }
+        let slot = entry.into_value();
+        let state = slot.borrow().clone();
+        match state {
+            Some(Some(outcome)) => Mark::Stored(outcome),
+            // In flight, or cancelled a moment ago and not yet removed: the receiver tells
+            // the duplicate to retry then.
+            _ => Mark::InFlight(slot.subscribe()),
         }
     }
 
-    /// The send was stored: later duplicates are answered with `outcome`.
+    /// The send was stored: duplicates are answered with `outcome` until the mark expires
+    /// (`ttl` after it was taken).
     pub fn complete(&self, sender: &UserId, client_msg_id: &ClientMsgId, outcome: Outcome) {
-        let key = (sender.clone(), client_msg_id.clone());
-        if let Some(mut entry) = self.marks.get_mut(&key) {
-            if let State::InFlight(waiters) = &entry.state {
-                waiters.send_replace(Some(Some(outcome.clone())));
-            }
-            entry.state = State::Stored(outcome);
-            entry.expires = Instant::now() + self.ttl;
+        if let Some(slot) = self.marks.get(&(sender.clone(), client_msg_id.clone())) {
+            slot.send_replace(Some(Some(outcome)));
         }
     }
 
     /// The send failed: drop the mark so a retry is processed.
     pub fn cancel(&self, sender: &UserId, client_msg_id: &ClientMsgId) {
-        if let Some((_, entry)) = self.marks.remove(&(sender.clone(), client_msg_id.clone()))
-            && let State::InFlight(waiters) = entry.state
-        {
-            waiters.send_replace(Some(None));
+        if let Some(slot) = self.marks.remove(&(sender.clone(), client_msg_id.clone())) {
+            slot.send_replace(Some(None));
         }
     }
 
-    /// Forgets expired marks; run periodically.
-    pub fn sweep(&self) {
-        let now = Instant::now();
-        self.marks.retain(|_, entry| entry.expires > now);
+    /// Does the cache's pending upkeep now (expiry, eviction); it also happens as marks are
+    /// taken, this only makes [`Dedup::len`] exact.
+    pub fn run_upkeep(&self) {
+        self.marks.run_pending_tasks();
     }
 
-    /// How many marks are held.
-    pub fn len(&self) -> usize {
-        self.marks.len()
+    /// How many marks are held (approximate until [`Dedup::run_upkeep`]).
+    pub fn len(&self) -> u64 {
+        self.marks.entry_count()
     }
 
-    /// Whether no mark is held.
+    /// Whether no mark is held (see [`Dedup::len`]).
     pub fn is_empty(&self) -> bool {
-        self.marks.is_empty()
+        self.len() == 0
     }
 }
 
@@ -134,14 +126,14 @@ impl Dedup {
 mod tests {
     use super::*;
 
-    fn key() -> (UserId, ClientMsgId) {
-        (UserId::parse("u").expect("valid"), ClientMsgId::parse("00000000-0000-4000-8000-000000000001").expect("valid"))
+    fn key(n: u32) -> (UserId, ClientMsgId) {
+        (UserId::parse("u").expect("valid"), ClientMsgId::parse(&format!("00000000-0000-4000-8000-{n:012}")).expect("valid"))
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn try_complete_cancel_and_ttl() {
-        let dedup = Dedup::new(Duration::from_secs(60));
-        let (user, id) = key();
+    #[tokio::test]
+    async fn try_complete_cancel() {
+        let dedup = Dedup::new(Duration::from_secs(60), 1000);
+        let (user, id) = key(1);
         assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh));
         let Mark::InFlight(mut waiting) = dedup.try_mark(&user, &id) else { panic!("in flight") };
         let outcome = Outcome { message_id: 9, seq: 3, conversation: "dm:a:u".into() };
@@ -150,15 +142,33 @@ mod tests {
         assert_eq!(waiting.borrow().clone(), Some(Some(outcome.clone())));
         assert!(matches!(dedup.try_mark(&user, &id), Mark::Stored(o) if o == outcome));
 
-        tokio::time::advance(Duration::from_secs(61)).await;
-        assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh), "an expired mark is taken afresh");
-        let Mark::InFlight(mut waiting) = dedup.try_mark(&user, &id) else { panic!("in flight") };
+        let (user, id) = key(2);
+        assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh));
+        let Mark::InFlight(waiting) = dedup.try_mark(&user, &id) else { panic!("in flight") };
         dedup.cancel(&user, &id);
-        waiting.changed().await.expect("notified");
-        assert_eq!(waiting.borrow().clone(), Some(None));
+        assert_eq!(await_original(waiting).await, Err("the original send failed; retry"));
         assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh), "a cancelled mark lets the retry through");
-        tokio::time::advance(Duration::from_secs(61)).await;
-        dedup.sweep();
-        assert!(dedup.is_empty());
+    }
+
+    #[test]
+    fn marks_expire_after_the_ttl() {
+        let dedup = Dedup::new(Duration::from_millis(50), 1000);
+        let (user, id) = key(1);
+        assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh));
+        std::thread::sleep(Duration::from_millis(120));
+        assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh), "an expired mark is taken afresh");
+    }
+
+    #[test]
+    fn marks_are_bounded() {
+        let dedup = Dedup::new(Duration::from_secs(60), 100);
+        for n in 0..1000 {
+            let (user, id) = key(n);
+            assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh));
+        }
+        dedup.run_upkeep();
+        assert!(dedup.len() <= 100, "{} marks held", dedup.len());
+        let (user, id) = key(999);
+        assert!(!matches!(dedup.try_mark(&user, &id), Mark::Fresh), "the most recent marks are kept");
     }
 }
