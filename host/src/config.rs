@@ -115,7 +115,7 @@ pub struct DeliveryConfig {
     /// How long a dedup mark lives, in ms (the unique index guards beyond it).
     pub dedup_ttl_ms: u64,
     /// Most dedup marks held; past it the least recently used go first (a duplicate of an
-    /// evicted one is still caught by the unique index). About 400 bytes each.
+    /// evicted one is still caught by the unique index). A few hundred bytes each.
     pub dedup_max_marks: u64,
     /// How often the node samples its health and asks the degrade hook for a tier, in ms.
     pub degrade_interval_ms: u64,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use herald_proto::v1;
 
 use super::{Delivery, wire_message};
-use crate::gateway::connection::Connection;
+use crate::gateway::connection::{Connection, read_from};
 use crate::model::{ConversationId, ConversationKind, DeviceId, UserId};
 use crate::pipeline::membership::Refusal;
 use crate::store::StoreError;
@@ -100,8 +100,7 @@ impl Delivery {
                 // live, and (full backfill) every conversation, since one may have started
                 // while the first pass ran.
                 for (conversation, lowest) in connection.go_live() {
-                    let from = lowest.saturating_sub(1);
-                    positions.entry(conversation).and_modify(|position| *position = (*position).min(from)).or_insert(from);
+                    read_from(&mut positions, conversation, lowest);
                 }
                 if full && let Ok(now) = self.device_conversations(&connection.user, &connection.device).await {
                     for (conversation, cursor) in now {

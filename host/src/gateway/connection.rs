@@ -322,8 +322,7 @@ impl Connection {
             }
         }
         for (conversation, &lowest) in &old.owed {
-            let from = lowest.saturating_sub(1);
-            resume.entry(conversation.clone()).and_modify(|position: &mut u64| *position = (*position).min(from)).or_insert(from);
+            read_from(&mut resume, conversation.clone(), lowest);
         }
         drop(old);
         self.acked.lock().unwrap_or_else(|p| p.into_inner()).extend(acked);
@@ -368,6 +367,13 @@ impl Connection {
     pub fn acked_through(&self, conversation: &ConversationId) -> u64 {
         self.acked.lock().unwrap_or_else(|p| p.into_inner()).get(conversation).copied().unwrap_or(0)
     }
+}
+
+/// Makes a backfill that reads after `positions` read `conversation` from seq `lowest` on
+/// (at least: a position already lower stays).
+pub fn read_from(positions: &mut BTreeMap<ConversationId, u64>, conversation: ConversationId, lowest: u64) {
+    let from = lowest.saturating_sub(1);
+    positions.entry(conversation).and_modify(|position| *position = (*position).min(from)).or_insert(from);
 }
 
 /// The connections on this node, by id, and the dropped ones parked for their device's

@@ -174,8 +174,7 @@ async fn attach(
         let resumed = connection.resume_from(&previous);
         metrics::counter!("herald_gateway_reconnects_total", "resumed" => if resumed { "yes" } else { "no" }).increment(1);
     }
-    metrics::gauge!("herald_gateway_connections").set(node.connections.len() as f64);
-    metrics::gauge!("herald_gateway_parked").set(node.connections.parked_len() as f64);
+    count_connections(node);
     tokio::spawn({
         let delivery = Arc::clone(&node.delivery);
         let connection = Arc::clone(connection);
@@ -196,13 +195,18 @@ async fn detach(node: &Arc<Node>, connection: &Arc<Connection>) {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(grace)).await;
             node.connections.expire(&connection);
-            metrics::gauge!("herald_gateway_parked").set(node.connections.parked_len() as f64);
+            count_connections(&node);
         });
     }
     if let Err(error) = node.routes.logout(&connection.user, &connection.device, connection.id).await {
         tracing::warn!(%error, "route table unavailable at logout");
     }
     node.connections.remove(connection.id);
+    count_connections(node);
+}
+
+/// Sets the gauges of open and parked connections.
+fn count_connections(node: &Node) {
     metrics::gauge!("herald_gateway_connections").set(node.connections.len() as f64);
     metrics::gauge!("herald_gateway_parked").set(node.connections.parked_len() as f64);
 }
