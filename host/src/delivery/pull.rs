@@ -97,12 +97,14 @@ impl Delivery {
             if pass == 1 {
                 // Open the connection to live pushes, then look again for anything stored
                 // before live pushes reached this connection: where fan-out found it not yet
-                // live, and (full backfill) every conversation, since one may have started
-                // while the first pass ran.
-                for (conversation, lowest) in connection.go_live() {
-                    read_from(&mut positions, conversation, lowest);
+                // live, and (full backfill, or too many of those to note) every conversation,
+                // since one may have started while the first pass ran.
+                let owed = connection.go_live();
+                for (conversation, lowest) in owed.iter().flatten() {
+                    read_from(&mut positions, conversation.clone(), *lowest);
                 }
-                if full && let Ok(now) = self.device_conversations(&connection.user, &connection.device).await {
+                let complete = owed.is_some();
+                if (full || !complete) && let Ok(now) = self.device_conversations(&connection.user, &connection.device).await {
                     for (conversation, cursor) in now {
                         positions.entry(conversation).or_insert(cursor);
                     }

@@ -244,11 +244,13 @@ impl Connection {
     }
 
     /// Lets live pushes through, and returns what was offered before (per conversation, the
-    /// lowest seq), which backfill's last pass must read.
-    pub fn go_live(&self) -> HashMap<ConversationId, u64> {
+    /// lowest seq), which backfill's last pass must read — `None` when more conversations
+    /// were offered than could be noted, so that pass must read every conversation.
+    pub fn go_live(&self) -> Option<HashMap<ConversationId, u64>> {
         let mut ledger = self.ledger();
         self.live.store(true, Ordering::SeqCst);
-        std::mem::take(&mut ledger.owed)
+        let owed = std::mem::take(&mut ledger.owed);
+        (!std::mem::take(&mut ledger.overflowed)).then_some(owed)
     }
 
     /// Records a cumulative ack; returns whether it moved the device's position forward.
@@ -553,7 +555,7 @@ mod tests {
         // An offer that still reaches the old connection goes to the new one: owed while it
         // is not live, pushed once it is.
         assert!(old.offer(&grp, 10).is_none());
-        assert_eq!(new.go_live().get(&grp), Some(&10));
+        assert_eq!(new.go_live().expect("complete").get(&grp), Some(&10));
         new.end_claims();
         assert!(old.offer(&grp, 11).is_some_and(|to| Arc::ptr_eq(&to, &new)));
         assert!(!new.resume_from(&old) && !connection_of(3).resume_from(&old), "taken over once");
@@ -569,7 +571,20 @@ mod tests {
         assert!(new.take_resume().is_none(), "a full backfill");
         // Offers still move on to the new connection.
         assert!(old.offer(&dm, 4).is_none());
-        assert_eq!(new.go_live().get(&dm), Some(&4));
+        assert_eq!(new.go_live().expect("complete").get(&dm), Some(&4));
+    }
+
+    #[test]
+    fn too_many_conversations_offered_before_going_live_make_backfill_read_everything() {
+        let connection = connection_of(1);
+        for n in 0..=MAX_OWED_CONVERSATIONS {
+            let conversation = ConversationId::parse(&format!("grp:g{n}")).expect("conversation");
+            assert!(connection.offer(&conversation, 1).is_none(), "not live yet");
+        }
+        assert!(connection.go_live().is_none(), "the noted set is incomplete");
+        connection.end_claims();
+        assert!(connection.park(), "once live, it starts afresh");
+        assert!(connection_of(2).resume_from(&connection));
     }
 
     #[test]
