@@ -108,7 +108,7 @@ async fn run(args: &Args) -> Result<(), Error> {
     let before = backfills(&args.url).await?;
 
     // One message to each device while it is away.
-    let mut sender = connect(&args.url, &notifier).await?;
+    let mut sender = connect(&args.url, &notifier, &permits).await?;
     let mut ids = ClientMsgIds::new();
     for user in users.iter() {
         let send = v1::Send { client_msg_id: ids.next_id(), conversation: dm_conversation(&notifier, user), kind: 1, body: "while away".into() };
@@ -165,7 +165,9 @@ enum Phase {
     Back(Instant),
 }
 
-async fn connect(url: &str, user: &str) -> Result<Connection, Error> {
+/// Connects and logs `user` in, at most `permits` handshakes at once.
+async fn connect(url: &str, user: &str, permits: &Semaphore) -> Result<Connection, Error> {
+    let _permit = permits.acquire().await?;
     let mut connection = Connection::open(url, Encoding::Proto, WAIT).await?;
     connection.login(&format!("dev:{user}"), "device", "herald-reconnect", WAIT).await?;
     Ok(connection)
@@ -185,10 +187,7 @@ async fn device(
 ) -> Result<Return, Error> {
     let me = &users[n];
     let half = conversations / 2;
-    let mut connection = {
-        let _permit = permits.acquire().await?;
-        connect(url, me).await?
-    };
+    let mut connection = connect(url, me, permits).await?;
     // One message to each of the next `half` users; one arrives from each of the previous.
     let mut ids = ClientMsgIds::new();
     for k in 1..=half {
@@ -219,10 +218,7 @@ async fn device(
         Phase::Back(storm) => storm,
         _ => unreachable!("waited for Back"),
     };
-    let mut connection = {
-        let _permit = permits.acquire().await?;
-        connect(url, me).await?
-    };
+    let mut connection = connect(url, me, permits).await?;
     let owed = dm_conversation(notifier, me);
     let mut repushed = 0;
     loop {

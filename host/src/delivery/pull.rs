@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use herald_proto::v1;
 
-use super::{Delivery, wire_message};
+use super::{Delivery, is_own, wire_message};
 use crate::gateway::connection::{Connection, read_from};
 use crate::model::{ConversationId, ConversationKind, DeviceId, UserId};
 use crate::pipeline::membership::Refusal;
@@ -121,8 +121,7 @@ impl Delivery {
                 };
                 for message in messages {
                     *position = message.seq;
-                    let own = message.sender == connection.user.as_str() && message.sender_device == connection.device.as_str();
-                    if own || !connection.claim_push(conversation, message.seq) {
+                    if is_own(&connection, &message) || !connection.claim_push(conversation, message.seq) {
                         continue; // the device has it, or it was pushed live already
                     }
                     let wire = wire_message(&message);
