@@ -216,7 +216,9 @@ impl Default for StorageConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SqliteSynchronous {
-    /// fsync the WAL at every commit.
+    /// Every message commit is made durable (an fsync of the WAL, off SQLite's writer
+    /// thread, shared by the commits that end meanwhile) before any sender hears OK, and
+    /// before any reader is shown its rows.
     Full,
     /// fsync at checkpoints only.
     Normal,

@@ -77,6 +77,23 @@ where
     })
 }
 
+/// Outcomes of a batch insert that is committed but, on SQLite, perhaps not durable yet:
+/// see [`Database::make_durable`].
+#[derive(Debug)]
+pub struct Committed {
+    /// One outcome per message, in the order given.
+    pub results: Vec<Result<Inserted, StoreError>>,
+    /// The commit to make durable before any outcome is reported.
+    sync: Option<u64>,
+}
+
+impl Committed {
+    /// Whether the outcomes may be reported only after [`Database::make_durable`].
+    pub fn needs_sync(&self) -> bool {
+        self.sync.is_some()
+    }
+}
+
 impl Database {
     /// Inserts `messages` with one statement (one transaction), and says for each whether
     /// it was stored or was a duplicate. When this returns, every `Inserted::New` is durable.
@@ -86,33 +103,63 @@ impl Database {
     ///
     /// A per-row [`StoreError::Conflict`] means the row's seq or id was already taken by a
     /// different message; any other per-row error is transient (the database failed).
-    pub async fn insert_messages(
-        &self,
-        messages: &[NewMessage],
-    ) -> Vec<Result<Inserted, StoreError>> {
+    pub async fn insert_messages(&self, messages: &[NewMessage]) -> Vec<Result<Inserted, StoreError>> {
+        let committed = self.insert_messages_committed(messages).await;
+        self.make_durable(vec![committed]).await.pop().unwrap_or_default()
+    }
+
+    /// As [`insert_messages`](Self::insert_messages), but returns once committed: on SQLite
+    /// the commit is not durable until [`make_durable`](Self::make_durable) says so, which
+    /// the group committer does off its writer's path.
+    pub async fn insert_messages_committed(&self, messages: &[NewMessage]) -> Committed {
         match self.insert_batch(messages).await {
-            Ok(results) => results,
-            Err(error) if messages.len() == 1 => vec![Err(error)],
+            Ok(committed) => committed,
+            Err(error) if messages.len() == 1 => Committed { results: vec![Err(error)], sync: None },
             Err(error) => {
                 tracing::warn!(%error, rows = messages.len(), "batch insert failed; retrying rows one by one");
-                let mut results = Vec::with_capacity(messages.len());
+                let mut all = Committed { results: Vec::with_capacity(messages.len()), sync: None };
                 for message in messages {
-                    results.push(match self.insert_batch(std::slice::from_ref(message)).await {
-                        Ok(mut one) => one.pop().unwrap_or(Err(StoreError::Closed)),
+                    all.results.push(match self.insert_batch(std::slice::from_ref(message)).await {
+                        Ok(mut one) => {
+                            all.sync = all.sync.max(one.sync);
+                            one.results.pop().unwrap_or(Err(StoreError::Closed))
+                        }
                         Err(error) => Err(error),
                     });
                 }
-                results
+                all
             }
         }
     }
 
-    async fn insert_batch(
+    /// Makes the commits of `batches` durable (one fsync covers them all) and returns their
+    /// outcomes. Should that fail, no row is reported stored: each would-be success becomes
+    /// [`StoreError::Sync`] (a retry then finds the row, or stores it).
+    pub async fn make_durable(&self, batches: Vec<Committed>) -> Vec<Vec<Result<Inserted, StoreError>>> {
+        let last = batches.iter().filter_map(|batch| batch.sync).max();
+        let (Some(wal), Some(last)) = (&self.wal, last) else {
+            return batches.into_iter().map(|batch| batch.results).collect();
+        };
+        let synced = wal.sync(last).await;
+        batches
+            .into_iter()
+            .map(|batch| match &synced {
+                Ok(()) => batch.results,
+                Err(error) => batch
+                    .results
+                    .into_iter()
+                    .map(|result| result.and_then(|_| Err(StoreError::Sync(error.to_string()))))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    async fn insert_batch<'m>(
         &self,
-        messages: &[NewMessage],
-    ) -> Result<Vec<Result<Inserted, StoreError>>, StoreError> {
+        messages: &'m [NewMessage],
+    ) -> Result<Committed, StoreError> {
         if messages.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Committed { results: Vec::new(), sync: None });
         }
         // One transaction for the whole batch (one commit, one fsync), split into
         // statements small enough for every driver's limit on bound parameters.
@@ -120,16 +167,11 @@ impl Database {
         // Rows in (conversation, seq) order: each conversation's index entries then go in
         // one after another, onto pages just touched, instead of jumping between them; and
         // concurrent batches take row locks in one order (no deadlock between writers).
-        let mut rows: Vec<&NewMessage> = messages.iter().collect();
+        let mut rows: Vec<&'m NewMessage> = messages.iter().collect();
         rows.sort_unstable_by(|a, b| (a.conversation.as_str(), a.seq).cmp(&(b.conversation.as_str(), b.seq)));
-        on_backend!(self.writer, |pool, sql| {
+        let sync = on_backend!(self.writer, |pool, sql| {
             let mut connection = pool.acquire().await?;
-            let durable = self.durable_commits.then_some(()).and(sql.durable_commit_on.zip(sql.durable_commit_off));
-            if let Some((on, _)) = durable {
-                sqlx::query(on).execute(&mut *connection).await?;
-            }
-            let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
-            for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+            let statement = |chunk: &[&'m NewMessage]| {
                 let mut insert = QueryBuilder::new(sql.insert_messages);
                 insert.push_values(chunk, |mut row, m| {
                     row.push_bind(signed(m.id))
@@ -143,7 +185,20 @@ impl Database {
                         .push_bind(signed(m.sent_at_ms));
                 });
                 insert.push(sql.insert_messages_tail);
-                let done = insert.build().execute(&mut *transaction).await?;
+                insert
+            };
+            let chunks: Vec<&[&NewMessage]> = rows.chunks(ROWS_PER_STATEMENT).collect();
+            let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
+            let mut insert = statement(chunks.first().copied().unwrap_or_default());
+            for (n, &chunk) in chunks.iter().enumerate() {
+                // The next statement is built while the database runs this one: `join` polls
+                // the execution first (which hands the statement over), then builds.
+                let execute = insert.build().execute(&mut *transaction);
+                let (done, next) = futures_util::future::join(execute, async { chunks.get(n + 1).map(|c| statement(c)) }).await;
+                let done = done?;
+                if let Some(next) = next {
+                    insert = next;
+                }
                 if sql.insert_count_is_exact && done.rows_affected() == chunk.len() as u64 {
                     inserted.extend(chunk.iter().map(|m| signed(m.id)));
                 } else {
@@ -158,10 +213,13 @@ impl Database {
                     inserted.extend(read_back.build_query_scalar::<i64>().fetch_all(&mut *transaction).await?);
                 }
             }
-            transaction.commit().await?;
-            if let Some((_, off)) = durable {
-                sqlx::query(off).execute(&mut *connection).await?;
+            let sync = self.wal.as_ref().map(|wal| wal.announce());
+            let commit = transaction.commit().await;
+            if let (Some(wal), Some(number)) = (&self.wal, sync) {
+                wal.returned(number);
             }
+            commit?;
+            sync
         });
 
         let mut results = Vec::with_capacity(messages.len());
@@ -170,7 +228,9 @@ impl Database {
                 results.push(Ok(Inserted::New { id: m.id, seq: m.seq }));
                 continue;
             }
-            results.push(match self.message_by_client_id(&m.sender, &m.client_msg_id).await? {
+            // Not settled: the original may be in this very commit, and the caller hears of
+            // it only once the commit is durable anyway.
+            results.push(match self.find_by_client_id(&m.sender, &m.client_msg_id).await? {
                 Some(original) => Ok(Inserted::Duplicate {
                     id: original.id,
                     seq: original.seq,
@@ -179,14 +239,33 @@ impl Database {
                 None => Err(StoreError::Conflict { id: m.id }),
             });
         }
-        Ok(results)
+        Ok(Committed { results, sync })
     }
 
-    /// The message `sender` sent with `client_msg_id`, if stored.
+    /// Waits until every message commit a read that just finished could have seen is
+    /// durable (SQLite only; see [`super::wal_sync`]).
+    async fn settle(&self) -> Result<(), StoreError> {
+        match &self.wal {
+            Some(wal) => wal.settle().await,
+            None => Ok(()),
+        }
+    }
+
+    /// The message `sender` sent with `client_msg_id`, if stored (and durable).
     ///
     /// # Errors
     /// [`StoreError::Database`] when the query fails.
     pub async fn message_by_client_id(
+        &self,
+        sender: &UserId,
+        client_msg_id: &ClientMsgId,
+    ) -> Result<Option<StoredMessage>, StoreError> {
+        let found = self.find_by_client_id(sender, client_msg_id).await?;
+        self.settle().await?;
+        Ok(found)
+    }
+
+    async fn find_by_client_id(
         &self,
         sender: &UserId,
         client_msg_id: &ClientMsgId,
@@ -211,15 +290,17 @@ impl Database {
         after_seq: u64,
         limit: u32,
     ) -> Result<Vec<StoredMessage>, StoreError> {
-        on_backend!(self.reader, |pool, sql| {
+        let messages = on_backend!(self.reader, |pool, sql| {
             let rows = sqlx::query(sql.messages_after)
                 .bind(conversation.as_str())
                 .bind(signed(after_seq))
                 .bind(i64::from(limit))
                 .fetch_all(pool)
                 .await?;
-            rows.iter().map(message_from_row).collect()
-        })
+            rows.iter().map(message_from_row).collect::<Result<Vec<_>, _>>()?
+        });
+        self.settle().await?;
+        Ok(messages)
     }
 
     /// Up to `limit` messages of `conversation` with seq < `before_seq`, newest of those
@@ -245,6 +326,7 @@ impl Database {
             rows.iter().map(message_from_row).collect::<Result<_, _>>()?
         });
         messages.reverse();
+        self.settle().await?;
         Ok(messages)
     }
 
@@ -256,6 +338,7 @@ impl Database {
         let latest: Option<i64> = on_backend!(self.reader, |pool, sql| {
             sqlx::query_scalar(sql.latest_seq).bind(conversation.as_str()).fetch_one(pool).await?
         });
+        self.settle().await?;
         latest.map_or(Ok(0), |seq| unsigned(seq, "seq"))
     }
 }

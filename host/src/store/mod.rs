@@ -19,8 +19,10 @@ pub mod routes;
 pub mod scratch;
 pub mod seq_lease;
 pub mod sqlite;
+pub mod wal_sync;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{MigrateError, Migrator};
@@ -31,6 +33,7 @@ use sqlx::sqlite::{
 };
 
 use crate::config::{self, StorageConfig};
+use wal_sync::WalSync;
 
 pub use group_commit::{BatchTotals, GroupCommitter};
 pub use messages::{Inserted, NewMessage, StoredMessage};
@@ -63,6 +66,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the group-commit writer has stopped; the server is shutting down")]
     Closed,
+    #[error("could not make the write durable: {0}")]
+    Sync(String),
 }
 
 /// Which SQL dialect a [`Database`] speaks.
@@ -114,11 +119,6 @@ pub struct Sql {
     pub lease_select: Option<&'static str>,
     /// Multi-row cursor upsert tail: keeps the larger seq.
     pub upsert_cursors_tail: &'static str,
-    /// Run before a message batch (SQLite: fsync this commit) when commits must be durable.
-    pub durable_commit_on: Option<&'static str>,
-    /// Run after it (SQLite: back to no fsync for other writes; the next durable commit
-    /// flushes the write-ahead log up to itself, and so everything written before it).
-    pub durable_commit_off: Option<&'static str>,
     /// Cursors of one device.
     pub cursors_of_device: &'static str,
     pub insert_group: &'static str,
@@ -183,8 +183,9 @@ pub struct Database {
     /// cache, where rotating writes over a pool makes each connection re-read the pages
     /// another one changed. Elsewhere it is the same pool as `reader`.
     pub writer: Pool,
-    /// Whether message commits must survive power loss (SQLite `synchronous = full`).
-    durable_commits: bool,
+    /// SQLite with `sqlite_synchronous = "full"`: makes message commits durable after they
+    /// return, off the writer's thread (see [`wal_sync`]).
+    pub(crate) wal: Option<Arc<WalSync>>,
 }
 
 impl Database {
@@ -194,16 +195,17 @@ impl Database {
     /// # Errors
     /// [`StoreError`] when the URL is not understood or the database cannot be reached.
     pub async fn connect(url: &str, config: &StorageConfig) -> Result<Self, StoreError> {
+        let mut wal = None;
         let (reader, writer) = match Backend::of_url(url)? {
             Backend::Sqlite => {
                 let options = SqliteConnectOptions::from_str(url)?
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
                     .page_size(config.sqlite_page_size)
-                    // Only message commits fsync (see `durable_commit_on`): a seq lease, a
-                    // cursor or a membership row written before a durable commit is made
-                    // durable by it, and losing one written after costs nothing but a
-                    // redelivery or a gap.
+                    // No commit fsyncs: message commits are made durable afterwards, off the
+                    // writer's thread (see `wal_sync`). A seq lease, a cursor or a membership
+                    // row written before a durable commit is made durable by it, and losing
+                    // one written after costs nothing but a redelivery or a gap.
                     .synchronous(SqliteSynchronous::Normal)
                     .busy_timeout(Duration::from_secs(10))
                     .foreign_keys(true)
@@ -220,6 +222,9 @@ impl Database {
                     // fsyncing it would stall every send waiting on that commit. This cap
                     // is only the backstop for when the background checkpoints fall behind.
                     .pragma("wal_autocheckpoint", config.sqlite_wal_autocheckpoint_pages.to_string());
+                if config.sqlite_synchronous == config::SqliteSynchronous::Full {
+                    wal = Some(Arc::new(WalSync::new(options.get_filename())));
+                }
                 if let Some(parent) = options.get_filename().parent()
                     && !parent.as_os_str().is_empty()
                 {
@@ -268,8 +273,7 @@ impl Database {
                 (pool.clone(), pool)
             }
         };
-        let durable_commits = config.sqlite_synchronous == config::SqliteSynchronous::Full;
-        Ok(Self { reader, writer, durable_commits })
+        Ok(Self { reader, writer, wal })
     }
 
     /// Which backend this is.

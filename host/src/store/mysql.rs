@@ -20,8 +20,6 @@ pub const SQL: Sql = Sql {
     lease_upsert: "INSERT INTO session_seq (conversation, max_seq) VALUES (?, ?) ON DUPLICATE KEY UPDATE max_seq = max_seq + VALUES(max_seq)",
     lease_select: Some("SELECT max_seq FROM session_seq WHERE conversation = ?"),
     upsert_cursors_tail: " ON DUPLICATE KEY UPDATE seq = GREATEST(seq, VALUES(seq))",
-    durable_commit_on: None,
-    durable_commit_off: None,
     cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = ? AND device_id = ? ORDER BY conversation",
     insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES (?, ?)",
     delete_group: "DELETE FROM chat_groups WHERE id = ?",

@@ -15,8 +15,6 @@ pub const SQL: Sql = Sql {
     lease_upsert: "INSERT INTO session_seq (conversation, max_seq) VALUES ($1, $2) ON CONFLICT (conversation) DO UPDATE SET max_seq = session_seq.max_seq + EXCLUDED.max_seq RETURNING max_seq",
     lease_select: None,
     upsert_cursors_tail: " ON CONFLICT (user_id, device_id, conversation) DO UPDATE SET seq = GREATEST(device_cursors.seq, EXCLUDED.seq)",
-    durable_commit_on: None,
-    durable_commit_off: None,
     cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = $1 AND device_id = $2 ORDER BY conversation",
     insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES ($1, $2)",
     delete_group: "DELETE FROM chat_groups WHERE id = $1",

@@ -19,8 +19,6 @@ pub const SQL: Sql = Sql {
     lease_upsert: "INSERT INTO session_seq (conversation, max_seq) VALUES (?, ?) ON CONFLICT (conversation) DO UPDATE SET max_seq = session_seq.max_seq + excluded.max_seq RETURNING max_seq",
     lease_select: None,
     upsert_cursors_tail: " ON CONFLICT (user_id, device_id, conversation) DO UPDATE SET seq = MAX(device_cursors.seq, excluded.seq)",
-    durable_commit_on: Some("PRAGMA synchronous = FULL"),
-    durable_commit_off: Some("PRAGMA synchronous = NORMAL"),
     cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = ? AND device_id = ? ORDER BY conversation",
     insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES (?, ?)",
     delete_group: "DELETE FROM chat_groups WHERE id = ?",

@@ -14,6 +14,7 @@ on_every_backend!(
     migrations_apply_on_empty_database_and_again_as_noop,
     second_insert_of_same_client_msg_id_returns_original_ids,
     concurrent_duplicates_through_group_commit_store_one_row,
+    closing_the_group_committer_answers_every_queued_insert,
     seq_conflict_fails_only_its_own_row,
     messages_read_back_in_seq_order,
     cursors_only_move_forward,
@@ -105,6 +106,31 @@ async fn concurrent_duplicates_through_group_commit_store_one_row(backend: Backe
     let stored = db.database.messages_after(&ConversationId::parse("grp:g1").expect("valid"), 0, 100).await.expect("read");
     assert_eq!(stored.len(), 1);
     committer.close().await;
+    db.drop_database().await;
+}
+
+async fn closing_the_group_committer_answers_every_queued_insert(backend: Backend) {
+    let db = migrated(backend).await;
+    // Small batches, so several are committed, and on SQLite several wait for the WAL's
+    // fsync, when `close` is called: none may be dropped unanswered.
+    let config = GroupCommitConfig { max_batch: 64, ..GroupCommitConfig::default() };
+    let committer = GroupCommitter::start(db.database.clone(), &config);
+    let mut tickets = Vec::new();
+    for n in 0..3000u32 {
+        let conversation = format!("grp:g{}", n % 30);
+        let seq = u64::from(n / 30 + 1);
+        tickets.push(committer.submit(message(u64::from(n) + 1, &conversation, seq, "dana", n)).await.expect("queued"));
+    }
+    committer.close().await;
+    for (n, ticket) in tickets.into_iter().enumerate() {
+        let outcome = ticket.wait().await.unwrap_or_else(|error| panic!("insert {n} unanswered: {error}"));
+        assert_eq!(outcome, Inserted::New { id: n as u64 + 1, seq: n as u64 / 30 + 1 });
+    }
+    for g in 0..30 {
+        let conversation = ConversationId::parse(&format!("grp:g{g}")).expect("valid");
+        let stored = db.database.messages_after(&conversation, 0, 1000).await.expect("read");
+        assert_eq!(stored.iter().map(|m| m.seq).collect::<Vec<_>>(), (1..=100).collect::<Vec<_>>());
+    }
     db.drop_database().await;
 }
 
