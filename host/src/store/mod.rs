@@ -222,9 +222,7 @@ impl Database {
                     // fsyncing it would stall every send waiting on that commit. This cap
                     // is only the backstop for when the background checkpoints fall behind.
                     .pragma("wal_autocheckpoint", config.sqlite_wal_autocheckpoint_pages.to_string());
-                if config.sqlite_synchronous == config::SqliteSynchronous::Full {
-                    wal = Some(Arc::new(WalSync::new(options.get_filename())));
-                }
+                let database_file = options.get_filename().to_owned();
                 if let Some(parent) = options.get_filename().parent()
                     && !parent.as_os_str().is_empty()
                 {
@@ -247,6 +245,12 @@ impl Database {
                     .acquire_timeout(config.connect_timeout)
                     .connect_with(options)
                     .await?;
+                // Message commits are made durable by syncing the WAL file: only when there
+                // is one (an in-memory database has none, and nothing to make durable).
+                let journal: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&writer).await?;
+                if config.sqlite_synchronous == config::SqliteSynchronous::Full && journal.eq_ignore_ascii_case("wal") {
+                    wal = Some(Arc::new(WalSync::new(&database_file)));
+                }
                 (Pool::Sqlite(reader), Pool::Sqlite(writer))
             }
             Backend::MySql => {

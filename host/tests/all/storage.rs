@@ -240,3 +240,16 @@ async fn routes_replace_and_remove_by_connection(backend: Backend) {
     assert!(db.database.routes_of(&user).await.expect("read").is_empty());
     db.drop_database().await;
 }
+
+/// An in-memory SQLite database has no WAL to sync: its inserts must not fail for want of one.
+#[tokio::test]
+async fn an_in_memory_sqlite_database_stores_and_reads_messages() {
+    let database = herald_host::store::Database::connect("sqlite::memory:", &herald_host::config::StorageConfig::default())
+        .await
+        .expect("connect");
+    database.migrate().await.expect("migrate");
+    let stored = database.insert_messages(&[message(1, "dm:a:b", 1, "a", 1)]).await;
+    assert_eq!(stored[0].as_ref().expect("stored"), &Inserted::New { id: 1, seq: 1 });
+    let read = database.messages_after(&ConversationId::parse("dm:a:b").expect("valid"), 0, 10).await.expect("read");
+    assert_eq!(read.iter().map(|m| m.id).collect::<Vec<_>>(), vec![1]);
+}
