@@ -217,6 +217,11 @@ impl Database {
             let commit = transaction.commit().await;
             if let (Some(wal), Some(number)) = (&self.wal, sync) {
                 wal.returned(number);
+                if commit.is_err() {
+                    // Nothing of it is visible, but readers that saw its number wait for it
+                    // to be durable, and no later commit may come to cover it.
+                    let _ = wal.sync(number).await;
+                }
             }
             commit?;
             sync
