@@ -9,8 +9,12 @@
 //!   (a per-conversation refill lock), and each lease is above the last, so seqs handed out in
 //!   order of the per-conversation lock only go up.
 //! - **Renewal does not stall.** Once a segment is `prefetch_at` used, the next ones (up to
-//!   `prefetch_segments`) are leased in the background; callers only wait when a
-//!   conversation outruns its prefetch.
+//!   `prefetch_segments`, more for hot conversations) are leased in the background; callers
+//!   only wait when a conversation outruns its prefetch.
+//! - **Few round trips.** The segments missing from the prefetch are leased together, in
+//!   one transaction, and split up locally. A deep prefetch (a hot conversation) is topped
+//!   up only once a quarter of it is used, so a conversation using thousands of segments a
+//!   second leases a few hundred times a second, not thousands.
 //! - **Adaptive step.** A segment that lasted less than half the target lifetime doubles the
 //!   next step, one that lasted more than twice halves it, within `[min_step, max_step]`: quiet
 //!   conversations waste few seqs on a crash, hot ones rarely touch the database.
@@ -136,6 +140,8 @@ pub struct SeqAllocator {
     conversations: DashMap<ConversationId, Conversation, foldhash::fast::RandomState>,
     /// Leases a caller had to wait for (its conversation outran the prefetch).
     foreground_leases: AtomicU64,
+    /// Leases made, in the foreground or not: round trips to the database.
+    leases: AtomicU64,
 }
 
 /// One conversation's local segments.
@@ -165,6 +171,9 @@ struct Segments {
     /// Segments to keep leased ahead, sized when a segment is put in use (see
     /// [`Segments::start`]), so the per-seq path only compares two integers.
     depth: usize,
+    /// A prefetch tops the queue up to `depth` once fewer than this are queued: `depth`
+    /// for a shallow prefetch, three quarters of it for a deep one (see [`refill_below`]).
+    refill_below: usize,
     /// A prefetch starts once this many seqs or fewer are left in the segment in use:
     /// (1 - `prefetch_at`) of a step, worked out when the step changes.
     prefetch_below: u64,
@@ -189,6 +198,7 @@ impl Conversation {
                 step: config.min_step,
                 started_at: None,
                 depth: config.prefetch_segments,
+                refill_below: refill_below(config.prefetch_segments),
                 prefetch_below: prefetch_below(config.min_step, config),
             },
             refill: Arc::new(tokio::sync::Mutex::new(())),
@@ -208,7 +218,7 @@ impl Conversation {
         let seq = s.next;
         s.next += 1;
         let remaining = s.last + 1 - s.next;
-        let prefetch = !s.prefetching && s.queued.len() < s.depth && remaining <= s.prefetch_below;
+        let prefetch = !s.prefetching && s.queued.len() < s.refill_below && remaining <= s.prefetch_below;
         if prefetch {
             s.prefetching = true;
         }
@@ -251,6 +261,7 @@ impl Segments {
                 self.step = (self.step / 2).max(config.min_step);
             }
             self.depth = prefetch_depth(lasted, config);
+            self.refill_below = refill_below(self.depth);
             self.prefetch_below = prefetch_below(self.step, config);
         }
         self.started_at = Some(now);
@@ -263,6 +274,13 @@ fn prefetch_below(step: u64, config: &SeqConfig) -> u64 {
     ((step as f64) * (1.0 - config.prefetch_at)) as u64
 }
 
+/// Below how many queued segments a prefetch of `depth` tops up: `depth` itself up to 3
+/// (each segment is replaced as it is used), then three quarters of it, so a deep queue is
+/// refilled a quarter at a time, in one lease.
+fn refill_below(depth: usize) -> usize {
+    depth - depth / 4
+}
+
 /// How many segments to keep leased ahead when one lasts `lifetime`: `prefetch_segments`,
 /// or more when segments last less than `prefetch_ahead`, enough to cover it at that pace.
 fn prefetch_depth(lifetime: Duration, config: &SeqConfig) -> usize {
@@ -270,10 +288,19 @@ fn prefetch_depth(lifetime: Duration, config: &SeqConfig) -> usize {
     usize::try_from(needed).unwrap_or(MAX_PREFETCH).clamp(config.prefetch_segments, MAX_PREFETCH)
 }
 
+/// `range` (a whole number of `step`s long) as consecutive segments of `step`.
+fn split(range: SeqRange, step: u64) -> impl Iterator<Item = SeqRange> {
+    let count = (range.last + 1 - range.first) / step;
+    (0..count).map(move |i| {
+        let first = range.first + i * step;
+        SeqRange { first, last: first + step - 1 }
+    })
+}
+
 impl SeqAllocator {
     /// An allocator leasing from `leaser`.
     pub fn new(leaser: Arc<dyn SegmentLeaser>, config: SeqConfig) -> Self {
-        Self { leaser, config, conversations: DashMap::default(), foreground_leases: AtomicU64::new(0) }
+        Self { leaser, config, conversations: DashMap::default(), foreground_leases: AtomicU64::new(0), leases: AtomicU64::new(0) }
     }
 
     /// The next seq of `conversation`: above every seq this allocator gave it before, and
@@ -311,30 +338,38 @@ impl SeqAllocator {
         };
         metrics::counter!("herald_seq_foreground_leases_total").increment(1);
         self.foreground_leases.fetch_add(1, Ordering::Relaxed);
+        self.leases.fetch_add(1, Ordering::Relaxed);
         let range = self.leaser.lease(conversation, step).await?;
         self.with_entry(conversation, &refill, |c| c.push(range, &self.config));
         Ok(())
     }
 
-    /// Leases in the background until enough segments wait ahead.
+    /// Leases in the background until enough segments wait ahead: every missing segment
+    /// in one lease, split up here.
     fn spawn_prefetch(self: &Arc<Self>, conversation: ConversationId) {
         let allocator = Arc::clone(self);
         tokio::spawn(async move {
             let refill = allocator.refill_lock(&conversation);
             let mut result = Ok(());
             loop {
-                // One lease per turn of the (fair) refill lock, so a caller that ran dry
-                // takes the segment just leased rather than waiting for the whole queue.
+                // The (fair) refill lock is let go between leases, so a caller that ran dry
+                // takes what was just leased rather than waiting for another round trip.
                 let _refilling = refill.lock().await;
-                let step = allocator
+                let wanted = allocator
                     .with_entry(&conversation, &refill, |c| {
-                        (c.segments.queued.len() < c.segments.depth).then_some(c.segments.step)
+                        let s = &c.segments;
+                        (s.queued.len() < s.refill_below).then(|| (s.step, s.depth - s.queued.len()))
                     })
                     .flatten();
-                let Some(step) = step else { break };
-                match allocator.leaser.lease(&conversation, step).await {
+                let Some((step, segments)) = wanted else { break };
+                allocator.leases.fetch_add(1, Ordering::Relaxed);
+                match allocator.leaser.lease(&conversation, step * segments as u64).await {
                     Ok(range) => {
-                        allocator.with_entry(&conversation, &refill, |c| c.push(range, &allocator.config));
+                        allocator.with_entry(&conversation, &refill, |c| {
+                            for segment in split(range, step) {
+                                c.push(segment, &allocator.config);
+                            }
+                        });
                     }
                     Err(error) => {
                         result = Err(error);
@@ -397,6 +432,11 @@ impl SeqAllocator {
         self.foreground_leases.load(Ordering::Relaxed)
     }
 
+    /// How many leases (database round trips) this allocator has made.
+    pub fn leases(&self) -> u64 {
+        self.leases.load(Ordering::Relaxed)
+    }
+
     /// The step the next lease of `conversation` will ask for (for tests and metrics).
     pub fn current_step(&self, conversation: &ConversationId) -> Option<u64> {
         self.conversations.get(conversation).map(|entry| entry.segments.step)
@@ -434,6 +474,12 @@ mod tests {
         }
     }
 
+    impl MemoryLeaser {
+        fn high_water(&self, conversation: &ConversationId) -> u64 {
+            self.max.lock().expect("not poisoned").get(conversation.as_str()).copied().unwrap_or(0)
+        }
+    }
+
     fn conversation(name: &str) -> ConversationId {
         ConversationId::parse(name).expect("valid conversation")
     }
@@ -458,8 +504,43 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(2)).await; // the prefetch task runs
         }
         assert_eq!(last, 100, "no gaps while nothing crashed");
-        // 10 segments used, and `prefetch_segments` more already leased ahead.
-        assert_eq!(leaser.leases.load(Ordering::SeqCst), 10 + SeqConfig::default().prefetch_segments);
+        // 10 segments used, and `prefetch_segments` more already leased ahead: the first
+        // prefetch leased both of those at once, every later one the segment just used.
+        let ahead = SeqConfig::default().prefetch_segments;
+        assert_eq!(leaser.high_water(&room), (10 + ahead as u64) * 10);
+        assert_eq!(leaser.leases.load(Ordering::SeqCst), 10 + ahead - 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hot_conversation_tops_up_its_prefetch_in_batches_not_a_lease_per_segment() {
+        let leaser = Arc::new(MemoryLeaser::default());
+        // 10 segments a ms, 20 ms of them kept ahead: 200 segments deep at least.
+        let config = SeqConfig { min_step: 10, max_step: 10, prefetch_ahead: Duration::from_millis(20), ..SeqConfig::default() };
+        let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
+        let room = conversation("room:hot");
+        let mut last = 0;
+        for ms in 0..300 {
+            for _ in 0..100 {
+                let started = Instant::now();
+                let seq = allocator.next(&room).await.expect("lease");
+                if ms > 0 {
+                    assert_eq!(started.elapsed(), Duration::ZERO, "a call waited for a lease at {ms} ms");
+                }
+                assert!(seq > last);
+                last = seq;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(last >= 30_000);
+        let leases = leaser.leases.load(Ordering::SeqCst) as u64;
+        let segments = leaser.high_water(&room) / 10;
+        assert!(segments > 3000, "{segments} segments leased");
+        // A lease per segment would be 3,000 round trips; a quarter of 200 at a time, 60.
+        assert!(leases * 20 < segments, "{leases} leases for {segments} segments");
+        assert_eq!(allocator.leases(), leases as u64);
+        // Within a ms the calls take no time here, so the depth goes to its cap.
+        let ahead = segments - last / 10;
+        assert!(ahead <= MAX_PREFETCH as u64 + 1, "{ahead} segments leased ahead: more than the cap");
     }
 
     #[tokio::test(start_paused = true)]
