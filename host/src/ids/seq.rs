@@ -537,7 +537,7 @@ mod tests {
         assert!(segments > 3000, "{segments} segments leased");
         // A lease per segment would be 3,000 round trips; a quarter of 200 at a time, 60.
         assert!(leases * 20 < segments, "{leases} leases for {segments} segments");
-        assert_eq!(allocator.leases(), leases as u64);
+        assert_eq!(allocator.leases(), leases);
         // Within a ms the calls take no time here, so the depth goes to its cap.
         let ahead = segments - last / 10;
         assert!(ahead <= MAX_PREFETCH as u64 + 1, "{ahead} segments leased ahead: more than the cap");
