@@ -111,6 +111,9 @@ impl Delivery {
                 }
             }
             for (conversation, position) in &mut positions {
+                if connection.is_closed() {
+                    return; // gone (or closed by a shutdown): nothing more to push or read
+                }
                 let messages = match self.database.messages_after(conversation, *position, self.config.backfill_limit).await {
                     Ok(messages) => messages,
                     Err(error) => {

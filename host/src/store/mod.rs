@@ -316,6 +316,9 @@ impl Database {
         loop {
             ticks.tick().await;
             if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(pool).await {
+                if pool.is_closed() {
+                    return; // shut down: closing the database checkpoints it
+                }
                 tracing::warn!(%error, "WAL checkpoint failed");
             }
         }
