@@ -5,7 +5,8 @@
 //! - `renewals`: the seq allocator against SQLite at step 1000 for 10 s, one caller in a
 //!   tight loop (segments renew constantly, faster than any lease), then 10 s paced at
 //!   1 M seqs/s (a renewal every ms); prints percentiles of a single call and the worst
-//!   (target: worst < 1 ms — prefetch must hide renewals), and one lease's round trip. Each
+//!   (target: worst < 1 ms — prefetch must hide renewals), how long the thread waited for
+//!   a CPU around each call over 1 ms, and one lease's round trip. Each
 //!   run's first seq, which must wait for the conversation's first lease, is timed apart.
 //! - `sqlite` / `mysql` / `postgres`: group-committed inserts of ~200-byte messages from many
 //!   concurrent writers for 10 s, with time-ordered (UUIDv7) client_msg_ids; `sqlite-v4`:
@@ -90,8 +91,8 @@ async fn renewals() {
     let database = bench.database.clone();
     let conversation = ConversationId::parse("room:renewals").expect("valid");
     // A caller in a tight loop (~50 ns a call: a segment of 1000 lasts ~50 µs, shorter than
-    // one lease round trip, so it always outruns the prefetch), then one paced at 1 M seqs/s
-    // (a renewal every millisecond, still ~50x what a node sends).
+    // one lease round trip, so only leasing many segments at once keeps up), then one paced
+    // at 1 M seqs/s (a renewal every millisecond, still ~50x what a node sends).
     // Control: what the machine alone does to a loop that only reads the clock, while
     // another thread is busy too (as the allocator's lease thread is). On a 2-core VM the
     // kernel and hypervisor take the CPU away for milliseconds now and then; a call that
@@ -133,8 +134,19 @@ async fn renewals() {
         let mut tick = tokio::time::interval(Duration::from_millis(1));
         let started = Instant::now();
         let (mut calls, mut over_1ms) = (0u64, 0u64);
+        // Each call over 1 ms, with how long this thread waited for a CPU in the window of
+        // 1000 calls around it (read between calls, never inside a timed one).
+        let run_queue = RunQueueWait::of_this_thread();
+        let (mut window_began, mut slow_in_window, mut slow) = (run_queue.now(), Vec::new(), Vec::new());
         while started.elapsed() < RUN {
             calls += 1;
+            if calls % 1000 == 0 {
+                let now = run_queue.now();
+                for took in slow_in_window.drain(..) {
+                    slow.push((took, now.zip(window_began).map(|(now, began)| Duration::from_nanos(now - began))));
+                }
+                window_began = now;
+            }
             if per_ms.is_some_and(|per_ms| calls % per_ms == 0) {
                 tick.tick().await;
             }
@@ -142,10 +154,15 @@ async fn renewals() {
             let seq = allocator.next(&conversation).await.expect("seq");
             let took = call.elapsed();
             latencies.saturating_record(took.as_nanos() as u64);
-            over_1ms += u64::from(took > Duration::from_millis(1));
+            if took > Duration::from_millis(1) {
+                over_1ms += 1;
+                slow_in_window.push(took);
+            }
             assert!(seq > last, "seqs must increase");
             last = seq;
         }
+        let now = run_queue.now();
+        slow.extend(slow_in_window.drain(..).map(|took| (took, now.zip(window_began).map(|(now, began)| Duration::from_nanos(now - began)))));
         println!(
             "renewals ({label}): first seq (first lease) {:.3} ms; then {calls} seqs in {:.1} s ({} segments of 1000 in {} leases, {} waited for), per call p50 {} ns, p99 {} ns, p99.99 {} ns, worst {:.3} ms, {over_1ms} calls over 1 ms (target: worst < 1 ms)",
             first.as_secs_f64() * 1e3,
@@ -158,6 +175,10 @@ async fn renewals() {
             latencies.value_at_quantile(0.9999),
             latencies.max() as f64 / 1e6,
         );
+        for (took, waited) in slow {
+            let waited = waited.map_or("unknown".to_owned(), |w| format!("{:.3} ms", w.as_secs_f64() * 1e3));
+            println!("  a call took {:.3} ms; this thread waited for a CPU {waited} in those 1000 calls", took.as_secs_f64() * 1e3);
+        }
     }
     // What a caller that outruns the prefetch waits for: one lease, start to end.
     let mut leases = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
@@ -244,6 +265,24 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
     );
     committer.close().await;
     bench.close().await;
+}
+
+/// How long this thread has been runnable but waiting for a CPU (the second field of
+/// Linux's `/proc/thread-self/schedstat`, in ns): time the scheduler gave the core to
+/// another thread or process. `None` where the kernel does not keep it.
+struct RunQueueWait(Option<std::fs::File>);
+
+impl RunQueueWait {
+    fn of_this_thread() -> Self {
+        Self(std::fs::File::open("/proc/thread-self/schedstat").ok())
+    }
+
+    fn now(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut text = [0u8; 128];
+        let read = self.0.as_ref()?.read_at(&mut text, 0).ok()?;
+        std::str::from_utf8(&text[..read]).ok()?.split_whitespace().nth(1)?.parse().ok()
+    }
 }
 
 /// How the benchmark's clients make their `client_msg_id`s.
