@@ -15,6 +15,12 @@ ensure_chromium
 build_plugins debug
 build_test_guests
 
+say "formatting (rustfmt.toml; \`cargo fmt --all\` fixes it)"
+for manifest in Cargo.toml plugins/Cargo.toml host/plugin-runtime/tests/guests/Cargo.toml; do
+    cargo fmt --manifest-path "$manifest" --all --check >/dev/null \
+        || die "$manifest: code is not formatted; run: cargo fmt --manifest-path $manifest --all"
+done
+
 say "clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

@@ -44,9 +44,7 @@ pub enum ConnectionError {
         source: Box<tungstenite::Error>,
     },
     /// The server accepted the WebSocket but not our subprotocol.
-    #[error(
-        "server at {url} answered subprotocol {answered:?}, not {asked}: is it a Herald v1 server?"
-    )]
+    #[error("server at {url} answered subprotocol {answered:?}, not {asked}: is it a Herald v1 server?")]
     Subprotocol {
         /// The URL dialled.
         url: String,
@@ -115,10 +113,7 @@ impl From<tungstenite::Error> for ConnectionError {
     fn from(error: tungstenite::Error) -> Self {
         match error {
             tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed => {
-                Self::Closed {
-                    code: CLOSE_ABNORMAL,
-                    reason: "connection already closed".to_owned(),
-                }
+                Self::Closed { code: CLOSE_ABNORMAL, reason: "connection already closed".to_owned() }
             }
             other => Self::WebSocket(Box::new(other)),
         }
@@ -169,36 +164,22 @@ pub fn message_to_frame(
         (Message::Binary(payload), Encoding::Proto) => payload,
         (Message::Text(text), Encoding::Json) => text.into(),
         (Message::Binary(_), Encoding::Json) => {
-            return Err(ConnectionError::WrongMessageType {
-                got: "binary",
-                encoding,
-            });
+            return Err(ConnectionError::WrongMessageType { got: "binary", encoding });
         }
         (Message::Text(_), Encoding::Proto) => {
-            return Err(ConnectionError::WrongMessageType {
-                got: "text",
-                encoding,
-            });
+            return Err(ConnectionError::WrongMessageType { got: "text", encoding });
         }
         (Message::Close(frame), _) => {
             return Ok(match frame {
-                Some(frame) => Received::Closed {
-                    code: frame.code.into(),
-                    reason: frame.reason.to_string(),
-                },
-                None => Received::Closed {
-                    code: CloseCode::Status.into(),
-                    reason: String::new(),
-                },
+                Some(frame) => Received::Closed { code: frame.code.into(), reason: frame.reason.to_string() },
+                None => Received::Closed { code: CloseCode::Status.into(), reason: String::new() },
             });
         }
         (Message::Ping(_) | Message::Pong(_) | Message::Frame(_), _) => {
             return Ok(Received::Control);
         }
     };
-    decode_frame(payload, encoding, limits)
-        .map(Received::Frame)
-        .map_err(ConnectionError::Decode)
+    decode_frame(payload, encoding, limits).map(Received::Frame).map_err(ConnectionError::Decode)
 }
 
 /// WebSocket settings for clients and the relay: small read buffers, because load tests
@@ -246,33 +227,18 @@ impl Connection {
     /// [`ConnectionError::Open`] if TCP or the handshake fails,
     /// [`ConnectionError::Subprotocol`] if the server picks another subprotocol, and
     /// [`ConnectionError::Timeout`].
-    pub async fn open(
-        url: &str,
-        encoding: Encoding,
-        timeout: Duration,
-    ) -> Result<Self, ConnectionError> {
-        let open_error = |source| ConnectionError::Open {
-            url: url.to_owned(),
-            source: Box::new(source),
-        };
+    pub async fn open(url: &str, encoding: Encoding, timeout: Duration) -> Result<Self, ConnectionError> {
+        let open_error = |source| ConnectionError::Open { url: url.to_owned(), source: Box::new(source) };
         let mut request = url.into_client_request().map_err(open_error)?;
-        request.headers_mut().insert(
-            SEC_WEBSOCKET_PROTOCOL,
-            HeaderValue::from_static(encoding.subprotocol()),
-        );
+        request.headers_mut().insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(encoding.subprotocol()));
         let limits = DecodeLimits::default();
         let config = websocket_config(limits.max_frame_bytes);
-        let (ws, response) = tokio::time::timeout(
-            timeout,
-            tokio_tungstenite::connect_async_with_config(request, Some(config), true),
-        )
-        .await
-        .map_err(|_| ConnectionError::Timeout(timeout, "the WebSocket handshake"))?
-        .map_err(open_error)?;
-        let answered = response
-            .headers()
-            .get(SEC_WEBSOCKET_PROTOCOL)
-            .and_then(|value| value.to_str().ok());
+        let (ws, response) =
+            tokio::time::timeout(timeout, tokio_tungstenite::connect_async_with_config(request, Some(config), true))
+                .await
+                .map_err(|_| ConnectionError::Timeout(timeout, "the WebSocket handshake"))?
+                .map_err(open_error)?;
+        let answered = response.headers().get(SEC_WEBSOCKET_PROTOCOL).and_then(|value| value.to_str().ok());
         if answered != Some(encoding.subprotocol()) {
             return Err(ConnectionError::Subprotocol {
                 url: url.to_owned(),
@@ -280,12 +246,7 @@ impl Connection {
                 answered: answered.map(str::to_owned),
             });
         }
-        Ok(Self {
-            ws,
-            encoding,
-            limits,
-            next_rid: 1,
-        })
+        Ok(Self { ws, encoding, limits, next_rid: 1 })
     }
 
     /// The encoding this connection negotiated.
@@ -330,31 +291,21 @@ impl Connection {
                 match frame.body {
                     Some(Body::Connected(connected)) => return Ok(connected),
                     Some(Body::Error(error)) => {
-                        return Err(ConnectionError::Refused {
-                            code: error.code,
-                            message: error.message,
-                        });
+                        return Err(ConnectionError::Refused { code: error.code, message: error.message });
                     }
                     // A server may ping at any time; answering keeps the login alive.
                     Some(Body::Ping(ping)) => {
-                        let pong = v1::Pong {
-                            time_ms: ping.time_ms,
-                        };
+                        let pong = v1::Pong { time_ms: ping.time_ms };
                         self.send(&Frame::new(frame.rid, pong)).await?;
                     }
                     Some(other) => {
-                        return Err(ConnectionError::Unexpected {
-                            expected: "connected",
-                            got: other.name(),
-                        });
+                        return Err(ConnectionError::Unexpected { expected: "connected", got: other.name() });
                     }
                     None => {}
                 }
             }
         };
-        tokio::time::timeout(timeout, wait)
-            .await
-            .map_err(|_| ConnectionError::Timeout(timeout, "connected"))?
+        tokio::time::timeout(timeout, wait).await.map_err(|_| ConnectionError::Timeout(timeout, "connected"))?
     }
 
     /// Writes one frame and flushes it.
@@ -429,10 +380,7 @@ impl Connection {
         let message = match message {
             Some(message) => message?,
             None => {
-                return Err(ConnectionError::Closed {
-                    code: CLOSE_ABNORMAL,
-                    reason: "connection ended".to_owned(),
-                });
+                return Err(ConnectionError::Closed { code: CLOSE_ABNORMAL, reason: "connection ended".to_owned() });
             }
         };
         match message_to_frame(message, self.encoding, &self.limits)? {
@@ -445,10 +393,7 @@ impl Connection {
     /// Closes the WebSocket with `code` and `reason`, waiting at most a second for the
     /// server's answer. Errors are ignored: the connection is going away either way.
     pub async fn close(mut self, code: u16, reason: &str) {
-        let frame = CloseFrame {
-            code: CloseCode::from(code),
-            reason: reason.into(),
-        };
+        let frame = CloseFrame { code: CloseCode::from(code), reason: reason.into() };
         let closing = async {
             if self.ws.close(Some(frame)).await.is_ok() {
                 while let Some(Ok(_)) = self.ws.next().await {}
@@ -494,10 +439,7 @@ mod tests {
     #[test]
     fn close_frames_surface_their_code() {
         let limits = DecodeLimits::default();
-        let close = Message::Close(Some(CloseFrame {
-            code: CloseCode::from(4009),
-            reason: "kicked".into(),
-        }));
+        let close = Message::Close(Some(CloseFrame { code: CloseCode::from(4009), reason: "kicked".into() }));
         match message_to_frame(close, Encoding::Proto, &limits).expect("decodes") {
             Received::Closed { code, reason } => {
                 assert_eq!(code, 4009);

@@ -11,13 +11,10 @@ use std::time::Duration;
 /// large to represent.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration: use e.g. 10s, 500ms, 1.5s, 2m"))?;
+    let value: f64 =
+        number.parse().map_err(|_| format!("`{text}` is not a duration: use e.g. 10s, 500ms, 1.5s, 2m"))?;
     let seconds_per_unit = match unit.trim() {
         "" | "s" | "sec" | "secs" => 1.0,
         "ms" => 0.001,
@@ -25,13 +22,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" | "min" | "mins" => 60.0,
         "h" => 3600.0,
         other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{text}`: use ms, s, m or h"
-            ));
+            return Err(format!("unknown unit `{other}` in `{text}`: use ms, s, m or h"));
         }
     };
-    Duration::try_from_secs_f64(value * seconds_per_unit)
-        .map_err(|_| format!("`{text}` is out of range"))
+    Duration::try_from_secs_f64(value * seconds_per_unit).map_err(|_| format!("`{text}` is out of range"))
 }
 
 #[cfg(test)]

@@ -13,19 +13,13 @@ pub const MAX_NAME_BYTES: usize = 128;
 /// `[A-Za-z0-9._@-]`.
 pub fn is_valid_name(name: &str) -> bool {
     (1..=MAX_NAME_BYTES).contains(&name.len())
-        && name
-            .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'@' | b'-'))
+        && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'@' | b'-'))
 }
 
 /// The direct conversation of two users, `dm:<a>:<b>` with `a < b` byte-wise, so both
 /// sides compute the same id.
 pub fn dm_conversation(one: &str, other: &str) -> String {
-    let (low, high) = if one.as_bytes() <= other.as_bytes() {
-        (one, other)
-    } else {
-        (other, one)
-    };
+    let (low, high) = if one.as_bytes() <= other.as_bytes() { (one, other) } else { (other, one) };
     format!("dm:{low}:{high}")
 }
 
@@ -63,16 +57,7 @@ pub fn format_uuid_v4(bits: u128) -> String {
     let bits = (bits & !(0xF << 76) & !(0b11 << 62)) | (0x4 << 76) | (0b10 << 62);
     let hex = format!("{bits:032x}");
     let mut out = String::with_capacity(36);
-    for (index, part) in [
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32],
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (index, part) in [&hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32]].into_iter().enumerate() {
         if index > 0 {
             out.push('-');
         }
@@ -161,21 +146,12 @@ mod tests {
 
     #[test]
     fn conversations_parse_by_prefix() {
-        assert_eq!(
-            parse_conversation("dm:alice:bob"),
-            Some(ConversationKind::Direct("alice", "bob"))
-        );
+        assert_eq!(parse_conversation("dm:alice:bob"), Some(ConversationKind::Direct("alice", "bob")));
         assert_eq!(parse_conversation("dm:bob:alice"), None);
         assert_eq!(parse_conversation("dm:alice:alice"), None);
         assert_eq!(parse_conversation("dm:alice"), None);
-        assert_eq!(
-            parse_conversation("grp:team"),
-            Some(ConversationKind::Group("team"))
-        );
-        assert_eq!(
-            parse_conversation("room:lobby"),
-            Some(ConversationKind::Room("lobby"))
-        );
+        assert_eq!(parse_conversation("grp:team"), Some(ConversationKind::Group("team")));
+        assert_eq!(parse_conversation("room:lobby"), Some(ConversationKind::Room("lobby")));
         assert_eq!(parse_conversation("room:"), None);
         assert_eq!(parse_conversation("chan:x"), None);
     }
@@ -186,15 +162,9 @@ mod tests {
             let uuid = format_uuid_v4(bits);
             assert_eq!(uuid.len(), 36);
             let groups: Vec<&str> = uuid.split('-').collect();
-            assert_eq!(
-                groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
-                [8, 4, 4, 4, 12]
-            );
+            assert_eq!(groups.iter().map(|g| g.len()).collect::<Vec<_>>(), [8, 4, 4, 4, 12]);
             assert!(groups[2].starts_with('4'), "{uuid}");
-            assert!(
-                matches!(groups[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b'),
-                "{uuid}"
-            );
+            assert!(matches!(groups[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b'), "{uuid}");
         }
     }
 

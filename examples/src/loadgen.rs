@@ -142,10 +142,7 @@ impl LoadConfig {
     fn validate(&self) -> Result<(), LoadError> {
         let fail = |message: String| Err(LoadError::Config(message));
         if self.users < 2 || !self.users.is_multiple_of(2) {
-            return fail(format!(
-                "--users must be an even number of at least 2 (they pair up), not {}",
-                self.users
-            ));
+            return fail(format!("--users must be an even number of at least 2 (they pair up), not {}", self.users));
         }
         if self.duration.is_zero() {
             return fail("--duration must be more than 0".to_owned());
@@ -154,9 +151,7 @@ impl LoadConfig {
             return fail("--in-flight and --connect-concurrency must be at least 1".to_owned());
         }
         if self.body_bytes < MIN_BODY_BYTES {
-            return fail(format!(
-                "--body-bytes must be at least {MIN_BODY_BYTES} (the timestamp and counter)"
-            ));
+            return fail(format!("--body-bytes must be at least {MIN_BODY_BYTES} (the timestamp and counter)"));
         }
         let last_user = user_id(&self.user_prefix, self.users - 1);
         if !is_valid_name(&last_user) || !is_valid_name(&self.device) {
@@ -250,8 +245,7 @@ impl Shared {
     }
 
     fn in_window(&self, micros: u64) -> bool {
-        micros >= self.window_start_us.load(Ordering::Relaxed)
-            && micros < self.window_end_us.load(Ordering::Relaxed)
+        micros >= self.window_start_us.load(Ordering::Relaxed) && micros < self.window_end_us.load(Ordering::Relaxed)
     }
 
     fn note_error(&self, error: impl FnOnce() -> String) {
@@ -273,8 +267,7 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
     config.validate()?;
     let users = config.users;
     let shards = users.clamp(1, 64);
-    let interval =
-        (config.rate > 0).then(|| Duration::from_secs_f64(users as f64 / config.rate as f64));
+    let interval = (config.rate > 0).then(|| Duration::from_secs_f64(users as f64 / config.rate as f64));
     let shared = Arc::new(Shared {
         epoch: Instant::now(),
         start_us: AtomicU64::new(u64::MAX),
@@ -284,9 +277,7 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         latency: LatencyRecorder::new(shards),
         ack_latency: LatencyRecorder::new(shards),
         send_lag: LatencyRecorder::new(shards),
-        credits: (0..users)
-            .map(|_| Semaphore::new(config.in_flight))
-            .collect(),
+        credits: (0..users).map(|_| Semaphore::new(config.in_flight)).collect(),
         first_error: Mutex::new(None),
         config,
     });
@@ -307,16 +298,9 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
                 partner_index,
                 partner,
                 interval,
-                offset: interval.map_or(Duration::ZERO, |interval| {
-                    interval.mul_f64(index as f64 / users as f64)
-                }),
+                offset: interval.map_or(Duration::ZERO, |interval| interval.mul_f64(index as f64 / users as f64)),
             };
-            tokio::spawn(user::run_user(
-                plan,
-                Arc::clone(&shared),
-                phase_rx.clone(),
-                Arc::clone(&gate),
-            ))
+            tokio::spawn(user::run_user(plan, Arc::clone(&shared), phase_rx.clone(), Arc::clone(&gate)))
         })
         .collect();
     drop(phase_rx);
@@ -347,10 +331,7 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
             .unwrap_or_else(|| "connect timed out".to_owned());
-        return Err(LoadError::NoConnections {
-            url: config.url.clone(),
-            first_error,
-        });
+        return Err(LoadError::NoConnections { url: config.url.clone(), first_error });
     }
 
     // Run phase: warm-up, then the window.
@@ -358,19 +339,14 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
     let window_start_us = start_us + micros(config.warmup);
     let window_end_us = window_start_us + micros(config.duration);
     shared.start_us.store(start_us, Ordering::Relaxed);
-    shared
-        .window_start_us
-        .store(window_start_us, Ordering::Relaxed);
+    shared.window_start_us.store(window_start_us, Ordering::Relaxed);
     shared.window_end_us.store(window_end_us, Ordering::Relaxed);
     let _ = phase_tx.send(Phase::Running);
     let run_end = shared.instant_at(window_end_us);
     progress.running(config.warmup + config.duration);
     loop {
         let now = Instant::now();
-        progress.tick(
-            &CountSnapshot::of(&shared.counters),
-            now.saturating_duration_since(shared.instant_at(start_us)),
-        );
+        progress.tick(&CountSnapshot::of(&shared.counters), now.saturating_duration_since(shared.instant_at(start_us)));
         if now >= run_end {
             break;
         }
@@ -432,11 +408,7 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         ack_latency: LatencySummary::of(&shared.ack_latency.merged()),
         send_lag: (config.rate > 0).then(|| LatencySummary::of(&shared.send_lag.merged())),
         verification,
-        first_error: shared
-            .first_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone(),
+        first_error: shared.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
     })
 }
 
@@ -450,20 +422,9 @@ fn verify_ids(mut acked: Vec<u64>, mut delivered: Vec<u64>) -> Verification {
     acked.dedup();
     delivered.sort_unstable();
     delivered.dedup();
-    let missing = acked
-        .iter()
-        .filter(|id| delivered.binary_search(id).is_err())
-        .count() as u64;
-    let unacknowledged = delivered
-        .iter()
-        .filter(|id| acked.binary_search(id).is_err())
-        .count() as u64;
-    Verification {
-        acked_ids: acked.len() as u64,
-        delivered_ids: delivered.len() as u64,
-        missing,
-        unacknowledged,
-    }
+    let missing = acked.iter().filter(|id| delivered.binary_search(id).is_err()).count() as u64;
+    let unacknowledged = delivered.iter().filter(|id| acked.binary_search(id).is_err()).count() as u64;
+    Verification { acked_ids: acked.len() as u64, delivered_ids: delivered.len() as u64, missing, unacknowledged }
 }
 
 #[cfg(test)]
@@ -474,10 +435,7 @@ mod tests {
     fn user_ids_pair_up_and_sort_by_index() {
         assert_eq!(user_id("lg-abc", 7), "lg-abc-00007");
         assert!(user_id("p", 2) < user_id("p", 3));
-        assert_eq!(
-            dm_conversation(&user_id("p", 3), &user_id("p", 2)),
-            "dm:p-00002:p-00003"
-        );
+        assert_eq!(dm_conversation(&user_id("p", 3), &user_id("p", 2)), "dm:p-00002:p-00003");
     }
 
     #[test]

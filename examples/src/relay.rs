@@ -97,11 +97,7 @@ impl Relay {
     ///
     /// The bind error.
     pub async fn bind(address: SocketAddr, config: RelayConfig) -> std::io::Result<Self> {
-        Ok(Self {
-            listener: TcpListener::bind(address).await?,
-            hub: Arc::new(Hub::default()),
-            config,
-        })
+        Ok(Self { listener: TcpListener::bind(address).await?, hub: Arc::new(Hub::default()), config })
     }
 
     /// The bound address.
@@ -145,10 +141,7 @@ impl Relay {
         tokio::spawn(relay.run(async {
             let _ = stopped.await;
         }));
-        Ok(RelayHandle {
-            address,
-            _stop: stop,
-        })
+        Ok(RelayHandle { address, _stop: stop })
     }
 }
 
@@ -193,8 +186,7 @@ struct Peer {
 impl Peer {
     /// Queues a frame without waiting; a full queue marks the peer as a slow consumer.
     fn push(&self, frame: Frame) {
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.queue.try_send(Outbound::Frame(frame))
-        {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.queue.try_send(Outbound::Frame(frame)) {
             self.overflow.notify_one();
         }
     }
@@ -217,17 +209,12 @@ struct Hub {
 impl Hub {
     /// Registers a logged-in connection, kicking an earlier one of the same user and device.
     fn login(&self, user: &str, peer: Peer) {
-        let mut users = self
-            .users
-            .write()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut users = self.users.write().unwrap_or_else(|poison| poison.into_inner());
         let peers = users.entry(user.to_owned()).or_default();
         peers.retain(|other| {
             if other.device == peer.device {
-                let _ = other.queue.try_send(Outbound::Close(
-                    close::KICKED,
-                    "the same user and device connected again",
-                ));
+                let _ =
+                    other.queue.try_send(Outbound::Close(close::KICKED, "the same user and device connected again"));
                 false
             } else {
                 true
@@ -238,10 +225,7 @@ impl Hub {
 
     /// Forgets a connection everywhere.
     fn logout(&self, user: &str, connection: u64, rooms: &HashSet<String>) {
-        let mut users = self
-            .users
-            .write()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut users = self.users.write().unwrap_or_else(|poison| poison.into_inner());
         if let Some(peers) = users.get_mut(user) {
             peers.retain(|peer| peer.connection != connection);
             if peers.is_empty() {
@@ -249,10 +233,7 @@ impl Hub {
             }
         }
         drop(users);
-        let mut all_rooms = self
-            .rooms
-            .write()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut all_rooms = self.rooms.write().unwrap_or_else(|poison| poison.into_inner());
         for room in rooms {
             if let Some(peers) = all_rooms.get_mut(room) {
                 peers.retain(|peer| peer.connection != connection);
@@ -264,24 +245,15 @@ impl Hub {
     }
 
     fn subscribe(&self, room: &str, peer: Peer) {
-        let mut rooms = self
-            .rooms
-            .write()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut rooms = self.rooms.write().unwrap_or_else(|poison| poison.into_inner());
         let peers = rooms.entry(room.to_owned()).or_default();
-        if !peers
-            .iter()
-            .any(|other| other.connection == peer.connection)
-        {
+        if !peers.iter().any(|other| other.connection == peer.connection) {
             peers.push(peer);
         }
     }
 
     fn unsubscribe(&self, room: &str, connection: u64) {
-        let mut rooms = self
-            .rooms
-            .write()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut rooms = self.rooms.write().unwrap_or_else(|poison| poison.into_inner());
         if let Some(peers) = rooms.get_mut(room) {
             peers.retain(|peer| peer.connection != connection);
             if peers.is_empty() {
@@ -292,10 +264,7 @@ impl Hub {
 
     /// Pushes `frame` to every connection of `users` except `skip`.
     fn push_to_users(&self, users: &[&str], skip: u64, frame: &Frame) {
-        let table = self
-            .users
-            .read()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let table = self.users.read().unwrap_or_else(|poison| poison.into_inner());
         for user in users {
             for peer in table.get(*user).into_iter().flatten() {
                 if peer.connection != skip {
@@ -307,10 +276,7 @@ impl Hub {
 
     /// Pushes `frame` to every subscriber of `room` except `skip`.
     fn push_to_room(&self, room: &str, skip: u64, frame: &Frame) {
-        let rooms = self
-            .rooms
-            .read()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let rooms = self.rooms.read().unwrap_or_else(|poison| poison.into_inner());
         for peer in rooms.get(room).into_iter().flatten() {
             if peer.connection != skip {
                 peer.push(frame.clone());
@@ -336,13 +302,8 @@ struct Session {
 async fn serve_connection(stream: TcpStream, hub: Arc<Hub>, config: RelayConfig) {
     let _ = stream.set_nodelay(true);
     let mut encoding = Encoding::Proto;
-    #[allow(
-        clippy::result_large_err,
-        reason = "the signature tungstenite's callback requires"
-    )]
-    let negotiate = |request: &Request, response: Response| {
-        negotiate_subprotocol(request, response, &mut encoding)
-    };
+    #[allow(clippy::result_large_err, reason = "the signature tungstenite's callback requires")]
+    let negotiate = |request: &Request, response: Response| negotiate_subprotocol(request, response, &mut encoding);
     let handshake = tokio_tungstenite::accept_hdr_async_with_config(
         stream,
         negotiate,
@@ -355,10 +316,7 @@ async fn serve_connection(stream: TcpStream, hub: Arc<Hub>, config: RelayConfig)
     let (queue, outbound) = mpsc::channel(config.queue_capacity);
     let overflow = Arc::new(Notify::new());
     let writer = tokio::spawn(write_loop(sink, outbound, encoding, Arc::clone(&overflow)));
-    let limits = DecodeLimits {
-        max_frame_bytes: config.max_frame_bytes,
-        ..DecodeLimits::default()
-    };
+    let limits = DecodeLimits { max_frame_bytes: config.max_frame_bytes, ..DecodeLimits::default() };
     let reply = |frame: Frame| {
         if let Err(mpsc::error::TrySendError::Full(_)) = queue.try_send(Outbound::Frame(frame)) {
             overflow.notify_one();
@@ -380,10 +338,7 @@ async fn serve_connection(stream: TcpStream, hub: Arc<Hub>, config: RelayConfig)
         Ok(Some(Ok(message))) => message,
     };
     let (rid, connect) = match message_to_frame(message, encoding, &limits) {
-        Ok(Received::Frame(Frame {
-            rid,
-            body: Some(Body::Connect(connect)),
-        })) => (rid, connect),
+        Ok(Received::Frame(Frame { rid, body: Some(Body::Connect(connect)) })) => (rid, connect),
         Ok(Received::Frame(_)) => {
             close(close::PROTOCOL_ERROR, "the first frame must be connect");
             let _ = writer.await;
@@ -466,20 +421,14 @@ async fn serve_connection(stream: TcpStream, hub: Arc<Hub>, config: RelayConfig)
 
 /// Picks our subprotocol from the client's offer: the first one we know, `herald.v1.proto`
 /// if the client offered none, and a 400 if it offered only others.
-#[allow(
-    clippy::result_large_err,
-    reason = "the signature tungstenite's callback requires"
-)]
+#[allow(clippy::result_large_err, reason = "the signature tungstenite's callback requires")]
 fn negotiate_subprotocol(
     request: &Request,
     mut response: Response,
     chosen: &mut Encoding,
 ) -> Result<Response, ErrorResponse> {
     if request.uri().path() != "/v1/ws" {
-        return Err(error_response(
-            StatusCode::NOT_FOUND,
-            "the relay serves /v1/ws only",
-        ));
+        return Err(error_response(StatusCode::NOT_FOUND, "the relay serves /v1/ws only"));
     }
     let offered: Vec<&str> = request
         .headers()
@@ -493,20 +442,11 @@ fn negotiate_subprotocol(
         *chosen = Encoding::Proto;
         return Ok(response);
     }
-    let Some(encoding) = offered
-        .iter()
-        .find_map(|name| Encoding::from_subprotocol(name))
-    else {
-        return Err(error_response(
-            StatusCode::BAD_REQUEST,
-            "offer subprotocol herald.v1.proto or herald.v1.json",
-        ));
+    let Some(encoding) = offered.iter().find_map(|name| Encoding::from_subprotocol(name)) else {
+        return Err(error_response(StatusCode::BAD_REQUEST, "offer subprotocol herald.v1.proto or herald.v1.json"));
     };
     *chosen = encoding;
-    response.headers_mut().insert(
-        SEC_WEBSOCKET_PROTOCOL,
-        HeaderValue::from_static(encoding.subprotocol()),
-    );
+    response.headers_mut().insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(encoding.subprotocol()));
     Ok(response)
 }
 
@@ -522,44 +462,20 @@ fn error_response(status: StatusCode, message: &str) -> ErrorResponse {
 ///
 /// The close reason if the frame is a protocol error (a second `connect`, or a frame only
 /// servers send).
-fn handle_frame(
-    hub: &Hub,
-    session: &mut Session,
-    frame: Frame,
-    reply: &impl Fn(Frame),
-) -> Result<(), &'static str> {
+fn handle_frame(hub: &Hub, session: &mut Session, frame: Frame, reply: &impl Fn(Frame)) -> Result<(), &'static str> {
     let rid = frame.rid;
     match frame.body {
         Some(Body::Send(send)) => reply(Frame::new(rid, relay_send(hub, session, send))),
         Some(Body::DeliverAck(_)) | Some(Body::Pong(_)) | None => {}
-        Some(Body::Ping(ping)) => reply(Frame::new(
-            rid,
-            v1::Pong {
-                time_ms: ping.time_ms,
-            },
-        )),
+        Some(Body::Ping(ping)) => reply(Frame::new(rid, v1::Pong { time_ms: ping.time_ms })),
         Some(Body::Subscribe(subscribe)) => {
-            if matches!(
-                parse_conversation(&subscribe.room),
-                Some(ConversationKind::Room(_))
-            ) {
+            if matches!(parse_conversation(&subscribe.room), Some(ConversationKind::Room(_))) {
                 hub.subscribe(&subscribe.room, session.peer.clone());
                 let latest_seq = hub.last_message_id.load(Ordering::Relaxed);
                 session.rooms.insert(subscribe.room.clone());
-                reply(Frame::new(
-                    rid,
-                    v1::Subscribed {
-                        room: subscribe.room,
-                        latest_seq,
-                        messages: Vec::new(),
-                    },
-                ));
+                reply(Frame::new(rid, v1::Subscribed { room: subscribe.room, latest_seq, messages: Vec::new() }));
             } else {
-                reply(error_frame(
-                    rid,
-                    "invalid_room",
-                    "rooms are named room:<name>",
-                ));
+                reply(error_frame(rid, "invalid_room", "rooms are named room:<name>"));
             }
         }
         Some(Body::Unsubscribe(unsubscribe)) => {
@@ -569,18 +485,9 @@ fn handle_frame(
         // Nothing is stored: history and sync are always empty.
         Some(Body::History(history)) => reply(Frame::new(
             rid,
-            v1::HistoryReply {
-                conversation: history.conversation,
-                messages: Vec::new(),
-                has_more: false,
-            },
+            v1::HistoryReply { conversation: history.conversation, messages: Vec::new(), has_more: false },
         )),
-        Some(Body::Sync(_)) => reply(Frame::new(
-            rid,
-            v1::SyncReply {
-                conversations: Vec::new(),
-            },
-        )),
+        Some(Body::Sync(_)) => reply(Frame::new(rid, v1::SyncReply { conversations: Vec::new() })),
         Some(Body::Connect(_)) => return Err("connect was already received"),
         Some(_) => return Err("that frame only travels from server to client"),
     }
@@ -590,12 +497,7 @@ fn handle_frame(
 /// Acknowledges a send and pushes it to the recipients: the other member of a dm (and the
 /// sender's other devices), or the room's other subscribers.
 fn relay_send(hub: &Hub, session: &Session, send: v1::Send) -> v1::SendAck {
-    let v1::Send {
-        client_msg_id,
-        conversation,
-        kind,
-        body,
-    } = send;
+    let v1::Send { client_msg_id, conversation, kind, body } = send;
     let rejected = |reason: &str| v1::SendAck {
         client_msg_id: client_msg_id.clone(),
         status: Status::Rejected.into(),
@@ -618,9 +520,7 @@ fn relay_send(hub: &Hub, session: &Session, send: v1::Send) -> v1::SendAck {
         Some(ConversationKind::Room(_)) => return rejected("subscribe to the room first"),
         Some(ConversationKind::Group(_)) => return rejected("the relay has no groups"),
         None => {
-            return rejected(
-                "invalid conversation: use dm:<a>:<b> (a < b), grp:<id> or room:<name>",
-            );
+            return rejected("invalid conversation: use dm:<a>:<b> (a < b), grp:<id> or room:<name>");
         }
     };
     let id = hub.last_message_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -658,14 +558,7 @@ fn relay_send(hub: &Hub, session: &Session, send: v1::Send) -> v1::SendAck {
 }
 
 fn error_frame(rid: u32, code: &str, message: &str) -> Frame {
-    Frame::new(
-        0,
-        v1::Error {
-            code: code.to_owned(),
-            message: message.to_owned(),
-            rid,
-        },
-    )
+    Frame::new(0, v1::Error { code: code.to_owned(), message: message.to_owned(), rid })
 }
 
 /// Writes queued frames, batching whatever is queued into one flush; closes with 4008
@@ -678,10 +571,7 @@ async fn write_loop(
 ) {
     const BATCH: usize = 64;
     let close_with = |code: u16, reason: &'static str| {
-        Message::Close(Some(CloseFrame {
-            code: CloseCode::from(code),
-            reason: reason.into(),
-        }))
+        Message::Close(Some(CloseFrame { code: CloseCode::from(code), reason: reason.into() }))
     };
     loop {
         let first = tokio::select! {
@@ -731,7 +621,5 @@ async fn write_loop(
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
-        })
+        .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
 }

@@ -33,21 +33,13 @@ pub enum TargetError {
 ///
 /// [`TargetError`] saying which rule the URL breaks.
 pub fn check_target(url: &str, allow_remote: bool) -> Result<(), TargetError> {
-    let uri: Uri = url
-        .parse()
-        .map_err(|_| TargetError::Invalid(url.to_owned()))?;
+    let uri: Uri = url.parse().map_err(|_| TargetError::Invalid(url.to_owned()))?;
     match uri.scheme_str() {
         Some("ws" | "wss") => {}
         _ => return Err(TargetError::Scheme(url.to_owned())),
     }
-    let host = uri
-        .host()
-        .ok_or_else(|| TargetError::Invalid(url.to_owned()))?;
-    if allow_remote || is_loopback_host(host) {
-        Ok(())
-    } else {
-        Err(TargetError::NotLoopback(url.to_owned()))
-    }
+    let host = uri.host().ok_or_else(|| TargetError::Invalid(url.to_owned()))?;
+    if allow_remote || is_loopback_host(host) { Ok(()) } else { Err(TargetError::NotLoopback(url.to_owned())) }
 }
 
 /// Whether a host as written in a URL (`127.0.0.1`, `[::1]`, `localhost`) is loopback,
@@ -88,23 +80,14 @@ mod tests {
             "ws://localhost.example.com/v1/ws",
             "ws://[::2]/v1/ws",
         ] {
-            assert!(
-                matches!(check_target(url, false), Err(TargetError::NotLoopback(_))),
-                "{url}"
-            );
+            assert!(matches!(check_target(url, false), Err(TargetError::NotLoopback(_))), "{url}");
             assert_eq!(check_target(url, true), Ok(()), "{url}");
         }
     }
 
     #[test]
     fn non_websocket_urls_are_refused() {
-        assert!(matches!(
-            check_target("http://127.0.0.1/", true),
-            Err(TargetError::Scheme(_))
-        ));
-        assert!(matches!(
-            check_target("not a url", true),
-            Err(TargetError::Invalid(_) | TargetError::Scheme(_))
-        ));
+        assert!(matches!(check_target("http://127.0.0.1/", true), Err(TargetError::Scheme(_))));
+        assert!(matches!(check_target("not a url", true), Err(TargetError::Invalid(_) | TargetError::Scheme(_))));
     }
 }

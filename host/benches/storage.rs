@@ -162,7 +162,11 @@ async fn renewals() {
             last = seq;
         }
         let now = run_queue.now();
-        slow.extend(slow_in_window.drain(..).map(|took| (took, now.zip(window_began).map(|(now, began)| Duration::from_nanos(now - began)))));
+        slow.extend(
+            slow_in_window
+                .drain(..)
+                .map(|took| (took, now.zip(window_began).map(|(now, began)| Duration::from_nanos(now - began)))),
+        );
         println!(
             "renewals ({label}): first seq (first lease) {:.3} ms; then {calls} seqs in {:.1} s ({} segments of 1000 in {} leases, {} waited for), per call p50 {} ns, p99 {} ns, p99.99 {} ns, worst {:.3} ms, {over_1ms} calls over 1 ms (target: worst < 1 ms)",
             first.as_secs_f64() * 1e3,
@@ -177,7 +181,10 @@ async fn renewals() {
         );
         for (took, waited) in slow {
             let waited = waited.map_or("unknown".to_owned(), |w| format!("{:.3} ms", w.as_secs_f64() * 1e3));
-            println!("  a call took {:.3} ms; this thread waited for a CPU {waited} in those 1000 calls", took.as_secs_f64() * 1e3);
+            println!(
+                "  a call took {:.3} ms; this thread waited for a CPU {waited} in those 1000 calls",
+                took.as_secs_f64() * 1e3
+            );
         }
     }
     // What a caller that outruns the prefetch waits for: one lease, start to end.
@@ -216,11 +223,18 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
     let started = Instant::now();
     let tasks: Vec<_> = (0..WRITERS)
         .map(|writer| {
-            let (committer, ids, stop, stored, device, body) =
-                (committer.clone(), Arc::clone(&ids), Arc::clone(&stop), Arc::clone(&stored), device.clone(), body.clone());
+            let (committer, ids, stop, stored, device, body) = (
+                committer.clone(),
+                Arc::clone(&ids),
+                Arc::clone(&stop),
+                Arc::clone(&stored),
+                device.clone(),
+                body.clone(),
+            );
             tokio::spawn(async move {
                 let sender = UserId::parse(&format!("user-{}", writer % SENDERS)).expect("valid");
-                let conversation = ConversationId::parse(&format!("grp:bench-{}", writer % CONVERSATIONS)).expect("valid");
+                let conversation =
+                    ConversationId::parse(&format!("grp:bench-{}", writer % CONVERSATIONS)).expect("valid");
                 let mut n: u64 = 0;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
@@ -300,7 +314,8 @@ impl ClientIds {
         let bits = match self {
             ClientIds::Random => random,
             ClientIds::TimeOrdered => {
-                let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+                let ms =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
                 (ms << 80) | (random & ((1 << 80) - 1))
             }
         };
@@ -309,7 +324,8 @@ impl ClientIds {
             ClientIds::Random => '4',
             ClientIds::TimeOrdered => '7',
         };
-        let text = format!("{}-{}-{version}{}-a{}-{}", &hex[0..8], &hex[8..12], &hex[13..16], &hex[17..20], &hex[20..32]);
+        let text =
+            format!("{}-{}-{version}{}-a{}-{}", &hex[0..8], &hex[8..12], &hex[13..16], &hex[17..20], &hex[20..32]);
         ClientMsgId::parse(&text).expect("uuid")
     }
 }

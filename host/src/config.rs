@@ -278,9 +278,7 @@ impl Config {
         // a setting.
         let settings: HashMap<String, String> = env
             .into_iter()
-            .filter(|(key, _)| {
-                key.starts_with("HERALD_") && key != "HERALD_CONFIG" && !key.starts_with("HERALD_TEST_")
-            })
+            .filter(|(key, _)| key.starts_with("HERALD_") && key != "HERALD_CONFIG" && !key.starts_with("HERALD_TEST_"))
             .collect();
         builder = builder.add_source(
             config::Environment::with_prefix("HERALD")
@@ -293,8 +291,7 @@ impl Config {
             Some(path) => ConfigError::File { path: path.to_owned(), source },
             None => ConfigError::Invalid(source.to_string()),
         })?;
-        let mut config: Config =
-            layered.try_deserialize().map_err(|error| ConfigError::Invalid(error.to_string()))?;
+        let mut config: Config = layered.try_deserialize().map_err(|error| ConfigError::Invalid(error.to_string()))?;
 
         if let Some(listen) = flags.listen {
             config.listen = listen;
@@ -325,14 +322,10 @@ impl Config {
         }
         let batch = self.storage.group_commit.max_batch;
         if !(1..=8192).contains(&batch) {
-            return Err(ConfigError::Invalid(format!(
-                "storage.group_commit.max_batch {batch} must be 1..=8192"
-            )));
+            return Err(ConfigError::Invalid(format!("storage.group_commit.max_batch {batch} must be 1..=8192")));
         }
         if self.storage.group_commit.writers == Some(0) || self.storage.group_commit.queue == 0 {
-            return Err(ConfigError::Invalid(
-                "storage.group_commit.writers and .queue must be at least 1".into(),
-            ));
+            return Err(ConfigError::Invalid("storage.group_commit.writers and .queue must be at least 1".into()));
         }
         let page = self.storage.sqlite_page_size;
         if !(512..=65_536).contains(&page) || !page.is_power_of_two() {
@@ -446,16 +439,18 @@ mod tests {
             .expect_err("node id out of range");
         assert!(error.to_string().contains("node_id 4096"), "{error}");
 
-        let error = Config::load_from(None, env(&[("HERALD_LISTNE", "x")]), &Overrides::default())
-            .expect_err("unknown key");
+        let error =
+            Config::load_from(None, env(&[("HERALD_LISTNE", "x")]), &Overrides::default()).expect_err("unknown key");
         assert!(error.to_string().contains("listne"), "{error}");
 
-        let flags = Overrides { listen: Some("0.0.0.0:7070".parse().expect("addr")), dev: true, ..Overrides::default() };
+        let flags =
+            Overrides { listen: Some("0.0.0.0:7070".parse().expect("addr")), dev: true, ..Overrides::default() };
         let error = Config::load_from(None, env(&[]), &flags).expect_err("dev on a public address");
         assert!(error.to_string().contains("loopback"), "{error}");
 
-        let error = Config::load_from(None, env(&[("HERALD_STORAGE__SQLITE_PAGE_SIZE", "3000")]), &Overrides::default())
-            .expect_err("page size not a power of two");
+        let error =
+            Config::load_from(None, env(&[("HERALD_STORAGE__SQLITE_PAGE_SIZE", "3000")]), &Overrides::default())
+                .expect_err("page size not a power of two");
         assert!(error.to_string().contains("sqlite_page_size 3000"), "{error}");
         let error = Config::load_from(None, env(&[("HERALD_SEQ__PREFETCH_SEGMENTS", "0")]), &Overrides::default())
             .expect_err("no prefetch");

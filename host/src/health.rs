@@ -192,7 +192,14 @@ impl Default for Sampler {
 impl Sampler {
     pub fn new() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f32;
-        Self { last_at: Instant::now(), last_pushes: 0, last_redeliveries: 0, last_errors: 0, last_cpu_ticks: cpu_ticks(), cores }
+        Self {
+            last_at: Instant::now(),
+            last_pushes: 0,
+            last_redeliveries: 0,
+            last_errors: 0,
+            last_cpu_ticks: cpu_ticks(),
+            cores,
+        }
     }
 
     /// A snapshot from `vitals`, the queue depths (one per open connection) and the
@@ -222,7 +229,11 @@ impl Sampler {
             send_queue_depth_max: queue_depths.iter().copied().max().unwrap_or(0),
             send_queue_depth_p99: percentile(&mut queue_depths, 0.99),
             store_latency_p99_ms: store_writes.take_p99_ms(),
-            redelivery_ratio: if pushes + redeliveries == 0 { 0.0 } else { redeliveries as f32 / (pushes + redeliveries) as f32 },
+            redelivery_ratio: if pushes + redeliveries == 0 {
+                0.0
+            } else {
+                redeliveries as f32 / (pushes + redeliveries) as f32
+            },
             cpu_load,
             errors_per_second: errors as f32 / seconds,
         }
@@ -286,13 +297,18 @@ mod tests {
         assert_eq!(health.store_latency_p99_ms, 12);
         assert!(health.errors_per_second > 0.0);
         let quiet = sampler.sample(&vitals, Vec::new(), &writes);
-        assert_eq!((quiet.redelivery_ratio, quiet.errors_per_second, quiet.connections, quiet.store_latency_p99_ms), (0.0, 0.0, 0, 0));
+        assert_eq!(
+            (quiet.redelivery_ratio, quiet.errors_per_second, quiet.connections, quiet.store_latency_p99_ms),
+            (0.0, 0.0, 0, 0)
+        );
     }
 
     #[test]
     fn tiers_shed_cumulatively() {
-        let shed: Vec<(bool, bool, bool)> =
-            [Tier::Normal, Tier::OfflineOnly, Tier::NoBackfill, Tier::PullOnly].iter().map(|t| (t.retries(), t.backfills(), t.pushes())).collect();
+        let shed: Vec<(bool, bool, bool)> = [Tier::Normal, Tier::OfflineOnly, Tier::NoBackfill, Tier::PullOnly]
+            .iter()
+            .map(|t| (t.retries(), t.backfills(), t.pushes()))
+            .collect();
         assert_eq!(shed, vec![(true, true, true), (false, true, true), (false, false, true), (false, false, false)]);
         let vitals = Vitals::default();
         assert_eq!(vitals.tier(), Tier::Normal);

@@ -83,9 +83,7 @@ impl CommonArgs {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
-        )
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")))
         .init();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -123,7 +121,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let sdk = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk");
             let sdk = herald_plugin_runtime::SdkDependency::Path(sdk.canonicalize().unwrap_or(sdk));
             let created = herald_plugin_runtime::scaffold(&name, &dir, &sdk)?;
-            eprintln!("herald: created {}; build it with: cargo build --target wasm32-wasip2 --release --manifest-path {}/Cargo.toml", created.display(), created.display());
+            eprintln!(
+                "herald: created {}; build it with: cargo build --target wasm32-wasip2 --release --manifest-path {}/Cargo.toml",
+                created.display(),
+                created.display()
+            );
             Ok(())
         }
         Command::Migrate(args) => {
@@ -148,11 +150,10 @@ async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut terminate =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(signal) => signal,
-                Err(_) => return interrupt.await.unwrap_or(()),
-            };
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => return interrupt.await.unwrap_or(()),
+        };
         tokio::select! {
             _ = interrupt => {}
             _ = terminate.recv() => {}

@@ -20,9 +20,7 @@ pub enum InvalidId {
     TooLong { what: &'static str, len: usize },
     #[error("{what} contains {found:?}; only [A-Za-z0-9._@-] is allowed")]
     BadCharacter { what: &'static str, found: char },
-    #[error(
-        "conversation {0:?} has no known kind; use dm:<a>:<b>, grp:<id> or room:<name>"
-    )]
+    #[error("conversation {0:?} has no known kind; use dm:<a>:<b>, grp:<id> or room:<name>")]
     UnknownConversationKind(String),
     #[error("dm conversation {0:?} must name two users as dm:<a>:<b> with a < b byte-wise")]
     BadDirect(String),
@@ -38,10 +36,7 @@ fn check_name(what: &'static str, name: &str) -> Result<(), InvalidId> {
     if name.len() > MAX_NAME_BYTES {
         return Err(InvalidId::TooLong { what, len: name.len() });
     }
-    match name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-')))
-    {
+    match name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-'))) {
         Some(found) => Err(InvalidId::BadCharacter { what, found }),
         None => Ok(()),
     }
@@ -141,9 +136,7 @@ impl ConversationId {
 
     fn kind_of(raw: &str) -> Result<ConversationKind, InvalidId> {
         if let Some(pair) = raw.strip_prefix("dm:") {
-            let (a, b) = pair
-                .split_once(':')
-                .ok_or_else(|| InvalidId::BadDirect(raw.to_owned()))?;
+            let (a, b) = pair.split_once(':').ok_or_else(|| InvalidId::BadDirect(raw.to_owned()))?;
             let a = UserId::parse(a)?;
             let b = UserId::parse(b)?;
             if a.as_str() >= b.as_str() {
@@ -189,8 +182,7 @@ impl ClientMsgId {
     /// [`InvalidId::BadClientMsgId`] for anything else.
     pub fn parse(raw: &str) -> Result<Self, InvalidId> {
         let groups: Vec<&str> = raw.split('-').collect();
-        let lengths_ok = groups.len() == 5
-            && groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12]);
+        let lengths_ok = groups.len() == 5 && groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12]);
         if lengths_ok && groups.iter().all(|g| g.bytes().all(|b| b.is_ascii_hexdigit())) {
             Ok(Self(raw.into()))
         } else {
@@ -221,10 +213,7 @@ mod tests {
         assert!(matches!(UserId::parse("a b"), Err(InvalidId::BadCharacter { found: ' ', .. })));
         assert!(matches!(UserId::parse("é"), Err(InvalidId::BadCharacter { .. })));
         assert!(UserId::parse(&"x".repeat(128)).is_ok());
-        assert!(matches!(
-            UserId::parse(&"x".repeat(129)),
-            Err(InvalidId::TooLong { len: 129, .. })
-        ));
+        assert!(matches!(UserId::parse(&"x".repeat(129)), Err(InvalidId::TooLong { len: 129, .. })));
     }
 
     #[test]
@@ -243,10 +232,7 @@ mod tests {
     fn groups_and_rooms_parse() {
         assert!(matches!(ConversationId::parse("grp:team-7").map(|c| c.kind()), Ok(ConversationKind::Group(_))));
         assert!(matches!(ConversationId::parse("room:lobby").map(|c| c.kind()), Ok(ConversationKind::Room(_))));
-        assert!(matches!(
-            ConversationId::parse("chan:x"),
-            Err(InvalidId::UnknownConversationKind(_))
-        ));
+        assert!(matches!(ConversationId::parse("chan:x"), Err(InvalidId::UnknownConversationKind(_))));
         assert!(ConversationId::parse("room:").is_err());
         assert!(ConversationId::parse("grp:a/b").is_err());
     }
@@ -255,7 +241,12 @@ mod tests {
     fn client_msg_ids_are_uuids() {
         assert!(ClientMsgId::parse("123e4567-e89b-12d3-a456-426614174000").is_ok());
         assert!(ClientMsgId::parse("123E4567-E89B-12D3-A456-426614174000").is_ok());
-        for bad in ["", "123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400g", "123e4567-e89b-12d3-a456-4266141740000"] {
+        for bad in [
+            "",
+            "123e4567e89b12d3a456426614174000",
+            "123e4567-e89b-12d3-a456-42661417400g",
+            "123e4567-e89b-12d3-a456-4266141740000",
+        ] {
             assert!(ClientMsgId::parse(bad).is_err(), "{bad} accepted");
         }
     }

@@ -23,8 +23,8 @@ use crate::pipeline::dedup::Dedup;
 use crate::pipeline::lanes::Lanes;
 use crate::pipeline::membership::Membership;
 use crate::plugins::{Hook, Plugins, types};
-use crate::routing::rooms::Rooms;
 use crate::routing::ring::{DEFAULT_VIRTUAL_NODES, Ring};
+use crate::routing::rooms::Rooms;
 use crate::routing::{MemoryRouteTable, RouteTable};
 use crate::store::{Database, GroupCommitter, StoreError};
 
@@ -89,7 +89,8 @@ impl Node {
         let connections = Arc::new(Connections::default());
         let membership = Arc::new(Membership::new(database.clone(), Arc::clone(&rooms)));
         let lanes = Arc::new(Lanes::default());
-        let dedup = Arc::new(Dedup::new(Duration::from_millis(config.delivery.dedup_ttl_ms), config.delivery.dedup_max_marks));
+        let dedup =
+            Arc::new(Dedup::new(Duration::from_millis(config.delivery.dedup_ttl_ms), config.delivery.dedup_max_marks));
         let vitals = Arc::new(Vitals::default());
         let delivery = Arc::new(Delivery {
             config: config.delivery.clone(),
@@ -122,7 +123,11 @@ impl Node {
             vitals: Arc::clone(&vitals),
         });
         tokio::spawn(Arc::clone(&delivery).flush_cursors_periodically());
-        tokio::spawn(database.clone().checkpoint_periodically(Duration::from_millis(config.storage.sqlite_checkpoint_ms.max(10))));
+        tokio::spawn(
+            database
+                .clone()
+                .checkpoint_periodically(Duration::from_millis(config.storage.sqlite_checkpoint_ms.max(10))),
+        );
         tokio::spawn(watch_health(
             Arc::clone(&vitals),
             Arc::clone(&connections),
@@ -138,7 +143,12 @@ impl Node {
                 loop {
                     every.tick().await;
                     let (forgotten, lanes_forgotten) = (seqs.evict_idle(), lanes.evict_idle());
-                    tracing::debug!(forgotten, lanes_forgotten, in_memory = seqs.conversations(), "idle conversations forgotten");
+                    tracing::debug!(
+                        forgotten,
+                        lanes_forgotten,
+                        in_memory = seqs.conversations(),
+                        "idle conversations forgotten"
+                    );
                 }
             });
         }
@@ -200,7 +210,11 @@ async fn watch_health(
         let health = sampler.sample(&vitals, connections.queue_depths(), committer.write_latency());
         metrics::gauge!("herald_connections").set(health.connections as f64);
         metrics::gauge!("herald_store_latency_p99_ms").set(f64::from(health.store_latency_p99_ms));
-        let tier = if plugins.has_hook(Hook::Degrade) { tier_of(plugins.degrade(&hook_health(&health)).await) } else { Tier::Normal };
+        let tier = if plugins.has_hook(Hook::Degrade) {
+            tier_of(plugins.degrade(&hook_health(&health)).await)
+        } else {
+            Tier::Normal
+        };
         vitals.record(health, tier);
     }
 }

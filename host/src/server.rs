@@ -40,9 +40,8 @@ pub struct RunningServer {
 pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
     let node = Node::open(config.clone()).await?;
 
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let listener =
+        TcpListener::bind(config.listen).await.map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     let addr = listener.local_addr().map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     let app = api::router(Arc::clone(&node));
     let (stop, mut stopped) = watch::channel(false);

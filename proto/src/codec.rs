@@ -69,10 +69,7 @@ impl DecodeLimits {
 
 impl Default for DecodeLimits {
     fn default() -> Self {
-        Self {
-            max_frame_bytes: Self::DEFAULT_MAX_FRAME_BYTES,
-            max_json_depth: Self::DEFAULT_MAX_JSON_DEPTH,
-        }
+        Self { max_frame_bytes: Self::DEFAULT_MAX_FRAME_BYTES, max_json_depth: Self::DEFAULT_MAX_JSON_DEPTH }
     }
 }
 
@@ -160,17 +157,10 @@ pub enum EncodeError {
 /// parsing); [`FrameError::InvalidProtobuf`], [`FrameError::InvalidUtf8`],
 /// [`FrameError::TooDeep`] or [`FrameError::InvalidJson`] if it does not parse;
 /// [`FrameError::NoBody`] if it parses to a frame without a body.
-pub fn decode_frame(
-    input: impl Into<Bytes>,
-    encoding: Encoding,
-    limits: &DecodeLimits,
-) -> Result<Frame, FrameError> {
+pub fn decode_frame(input: impl Into<Bytes>, encoding: Encoding, limits: &DecodeLimits) -> Result<Frame, FrameError> {
     let input = input.into();
     if input.len() > limits.max_frame_bytes {
-        return Err(FrameError::TooLarge {
-            size: input.len(),
-            limit: limits.max_frame_bytes,
-        });
+        return Err(FrameError::TooLarge { size: input.len(), limit: limits.max_frame_bytes });
     }
     let frame = match encoding {
         Encoding::Proto => Frame::decode(input).map_err(FrameError::InvalidProtobuf)?,
@@ -183,9 +173,8 @@ pub fn decode_frame(
 }
 
 fn decode_json(input: &[u8], max_depth: usize) -> Result<Frame, FrameError> {
-    let text = std::str::from_utf8(input).map_err(|error| FrameError::InvalidUtf8 {
-        valid_up_to: error.valid_up_to(),
-    })?;
+    let text =
+        std::str::from_utf8(input).map_err(|error| FrameError::InvalidUtf8 { valid_up_to: error.valid_up_to() })?;
     if exceeds_depth(input, max_depth) {
         return Err(FrameError::TooDeep { limit: max_depth });
     }
@@ -287,10 +276,7 @@ mod tests {
     #[test]
     fn subprotocols_round_trip() {
         for encoding in [Encoding::Proto, Encoding::Json] {
-            assert_eq!(
-                Encoding::from_subprotocol(encoding.subprotocol()),
-                Some(encoding)
-            );
+            assert_eq!(Encoding::from_subprotocol(encoding.subprotocol()), Some(encoding));
         }
         assert_eq!(Encoding::from_subprotocol("herald.v2.proto"), None);
         assert_eq!(Encoding::default(), Encoding::Proto);
@@ -298,10 +284,7 @@ mod tests {
 
     #[test]
     fn only_too_large_closes_with_1009() {
-        assert_eq!(
-            FrameError::TooLarge { size: 2, limit: 1 }.close_code(),
-            1009
-        );
+        assert_eq!(FrameError::TooLarge { size: 2, limit: 1 }.close_code(), 1009);
         assert_eq!(FrameError::NoBody.close_code(), 4010);
         assert_eq!(FrameError::TooDeep { limit: 1 }.close_code(), 4010);
     }

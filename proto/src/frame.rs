@@ -2,9 +2,8 @@
 //! a body for logs and error messages.
 
 use crate::v1::{
-    Connect, Connected, Deliver, DeliverAck, Error, Frame, GoAway, History, HistoryReply, Ping,
-    Pong, Send, SendAck, Subscribe, Subscribed, Sync, SyncHint, SyncReply, Unsubscribe,
-    frame::Body,
+    Connect, Connected, Deliver, DeliverAck, Error, Frame, GoAway, History, HistoryReply, Ping, Pong, Send, SendAck,
+    Subscribe, Subscribed, Sync, SyncHint, SyncReply, Unsubscribe, frame::Body,
 };
 
 impl Frame {
@@ -12,10 +11,7 @@ impl Frame {
     ///
     /// `body` is any body message (`v1::Send`, `v1::Ping`, …) or a [`Body`] itself.
     pub fn new(rid: u32, body: impl Into<Body>) -> Self {
-        Self {
-            rid,
-            body: Some(body.into()),
-        }
+        Self { rid, body: Some(body.into()) }
     }
 }
 

@@ -99,8 +99,7 @@ pub mod log {
 
     /// Logs `message` with key/value `fields` at `level`.
     pub fn write(level: LogLevel, message: &str, fields: &[(&str, &str)]) {
-        let fields: Vec<(String, String)> =
-            fields.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let fields: Vec<(String, String)> = fields.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         imp::log(level, message, &fields);
     }
 

@@ -7,8 +7,8 @@
 //! (and, in cluster mode, across nodes).
 
 use crate::types::{
-    AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Health, MessageDecision,
-    Message, RouteRequest, Tier,
+    AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Health, Message, MessageDecision, RouteRequest,
+    Tier,
 };
 
 /// Decides whether a message is stored (WIT `message-policy`).

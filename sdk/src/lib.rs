@@ -51,8 +51,8 @@ pub const CONTRACT_VERSION: &str = "0.1.0";
 /// `PartialEq`.
 pub mod types {
     pub use crate::__private::bindings::herald::plugin::types::{
-        Acceptance, AnnounceDecision, Announcement, CommandKind, ConnectDecision, ConnectRequest,
-        Health, LimitDecision, LogLevel, Message, MessageDecision, Rejection, RouteRequest, Tier,
+        Acceptance, AnnounceDecision, Announcement, CommandKind, ConnectDecision, ConnectRequest, Health,
+        LimitDecision, LogLevel, Message, MessageDecision, Rejection, RouteRequest, Tier,
     };
 }
 

@@ -175,7 +175,7 @@ pub fn idle_health() -> Health {
 /// The fake host's side of the `host` imports, with the generated bindings' signatures.
 #[doc(hidden)]
 pub mod host {
-    use super::{with, LogRecord};
+    use super::{LogRecord, with};
     use crate::types::{LimitDecision, LogLevel};
 
     pub fn kv_get(key: &str) -> Option<Vec<u8>> {

@@ -78,19 +78,14 @@ const QUIT_GRACE: Duration = Duration::from_secs(3);
 async fn main() -> ExitCode {
     let args = Args::parse();
     if !is_valid_name(&args.user) || !is_valid_name(&args.device) {
-        eprintln!(
-            "herald-chat: --user and --device must be 1-128 characters of A-Z a-z 0-9 . _ @ -"
-        );
+        eprintln!("herald-chat: --user and --device must be 1-128 characters of A-Z a-z 0-9 . _ @ -");
         return ExitCode::from(2);
     }
     let encoding = match args.encoding {
         EncodingArg::Proto => Encoding::Proto,
         EncodingArg::Json => Encoding::Json,
     };
-    let token = args
-        .token
-        .clone()
-        .unwrap_or_else(|| format!("dev:{}", args.user));
+    let token = args.token.clone().unwrap_or_else(|| format!("dev:{}", args.user));
 
     // A plain thread, not tokio's stdin: a read blocked on an open terminal would keep the
     // runtime from shutting down when the user types /quit.
@@ -118,14 +113,7 @@ async fn main() -> ExitCode {
                     "connected to {} as {} (device {}); type /help for commands",
                     args.url, connected.user_id, connected.device_id
                 );
-                let end = session(
-                    connection,
-                    &connected,
-                    &mut chat,
-                    &mut lines,
-                    &mut stdin_open,
-                )
-                .await;
+                let end = session(connection, &connected, &mut chat, &mut lines, &mut stdin_open).await;
                 match end {
                     SessionEnd::Quit => return ExitCode::SUCCESS,
                     SessionEnd::Fatal(message) => {
@@ -144,10 +132,7 @@ async fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
                 if backoff.attempts() >= args.max_reconnects {
-                    eprintln!(
-                        "herald-chat: giving up after {} attempts: {error}",
-                        backoff.attempts()
-                    );
+                    eprintln!("herald-chat: giving up after {} attempts: {error}", backoff.attempts());
                     return ExitCode::FAILURE;
                 }
                 println!("(cannot connect: {error})");
@@ -162,15 +147,9 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn connect(
-    args: &Args,
-    encoding: Encoding,
-    token: &str,
-) -> Result<(Connection, v1::Connected), ConnectionError> {
+async fn connect(args: &Args, encoding: Encoding, token: &str) -> Result<(Connection, v1::Connected), ConnectionError> {
     let mut connection = Connection::open(&args.url, encoding, STEP_TIMEOUT).await?;
-    let connected = connection
-        .login(token, &args.device, "herald-chat", STEP_TIMEOUT)
-        .await?;
+    let connected = connection.login(token, &args.device, "herald-chat", STEP_TIMEOUT).await?;
     Ok((connection, connected))
 }
 
@@ -181,13 +160,10 @@ fn fatal(error: &ConnectionError) -> Option<String> {
             "the server refused the token (4001: {reason}); for a --dev server use dev:<user>, \
              otherwise pass --token"
         )),
-        ConnectionError::Closed { code: 4003, reason } => {
-            Some(format!("not allowed to connect (4003: {reason})"))
+        ConnectionError::Closed { code: 4003, reason } => Some(format!("not allowed to connect (4003: {reason})")),
+        ConnectionError::Closed { code: 4009, .. } => {
+            Some("kicked (4009): the same user and device connected elsewhere; use another --device".to_owned())
         }
-        ConnectionError::Closed { code: 4009, .. } => Some(
-            "kicked (4009): the same user and device connected elsewhere; use another --device"
-                .to_owned(),
-        ),
         ConnectionError::Refused { .. } => Some(error.to_string()),
         _ => None,
     }
@@ -300,9 +276,7 @@ async fn apply(
     if effects.quit && quit_by.is_none() {
         *quit_by = Some(now + QUIT_GRACE);
     }
-    effects
-        .reconnect_after
-        .map(|wait| SessionEnd::Lost("the server is going away".to_owned(), Some(wait)))
+    effects.reconnect_after.map(|wait| SessionEnd::Lost("the server is going away".to_owned(), Some(wait)))
 }
 
 /// Waits `delay` before reconnecting while still taking typed lines; `true` if the user

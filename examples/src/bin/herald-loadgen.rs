@@ -3,10 +3,7 @@
 //! load against `herald-relay` and prints the ratio. See `herald_examples::loadgen`.
 
 #![forbid(unsafe_code)]
-#![allow(
-    clippy::print_stdout,
-    reason = "a command-line program reports on stdout"
-)]
+#![allow(clippy::print_stdout, reason = "a command-line program reports on stdout")]
 
 use std::{io::IsTerminal as _, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -132,10 +129,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         token_mode: match args.token_mode {
             TokenModeArg::Dev => TokenMode::Dev,
         },
-        user_prefix: args
-            .user_prefix
-            .clone()
-            .unwrap_or_else(|| format!("lg-{}", random_tag(6))),
+        user_prefix: args.user_prefix.clone().unwrap_or_else(|| format!("lg-{}", random_tag(6))),
         device: args.device.clone(),
         drain_timeout: args.drain,
         verify: args.verify,
@@ -147,27 +141,17 @@ async fn run(args: Args) -> Result<ExitCode, String> {
     let relay = if args.compare_relay && args.relay_url.is_none() {
         let path = match &args.relay_bin {
             Some(path) => path.clone(),
-            None => RelayProcess::sibling_path()
-                .ok_or("cannot locate herald-relay; pass --relay-bin")?,
+            None => RelayProcess::sibling_path().ok_or("cannot locate herald-relay; pass --relay-bin")?,
         };
-        Some(
-            RelayProcess::start(&path)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        Some(RelayProcess::start(&path).await.map_err(|e| e.to_string())?)
     } else {
         None
     };
 
-    let main_report = loadgen::run(config.clone())
-        .await
-        .map_err(|e| e.to_string())?;
+    let main_report = loadgen::run(config.clone()).await.map_err(|e| e.to_string())?;
     println!("{}", main_report.to_text());
 
-    let relay_url = args
-        .relay_url
-        .clone()
-        .or_else(|| relay.as_ref().map(|relay| relay.url.clone()));
+    let relay_url = args.relay_url.clone().or_else(|| relay.as_ref().map(|relay| relay.url.clone()));
     let Some(relay_url) = relay_url.filter(|_| args.compare_relay) else {
         println!("{}", main_report.to_json());
         return Ok(exit_code(&[&main_report]));
@@ -179,9 +163,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         user_prefix: format!("lg-{}", random_tag(6)),
         ..config
     };
-    let relay_report = loadgen::run(relay_config)
-        .await
-        .map_err(|e| format!("relay run: {e}"))?;
+    let relay_report = loadgen::run(relay_config).await.map_err(|e| format!("relay run: {e}"))?;
     drop(relay);
     println!("{}", relay_report.to_text());
     let comparison = compare(&main_report, &relay_report);
@@ -210,11 +192,7 @@ fn exit_code(reports: &[&Report]) -> ExitCode {
 /// Main run divided by relay run, for throughput and latency percentiles.
 fn compare(main: &Report, relay: &Report) -> serde_json::Value {
     let ratio = |a: f64, b: f64| {
-        if b > 0.0 {
-            ((a / b) * 1000.0).round() / 1000.0
-        } else {
-            0.0
-        }
+        if b > 0.0 { ((a / b) * 1000.0).round() / 1000.0 } else { 0.0 }
     };
     json!({
         "delivered_per_s": ratio(main.delivered_per_second(), relay.delivered_per_second()),
@@ -227,9 +205,6 @@ fn compare(main: &Report, relay: &Report) -> serde_json::Value {
 fn comparison_text(comparison: &serde_json::Value, label: &str) -> String {
     format!(
         "{label}/relay: throughput x{} | latency p50 x{} p99 x{} p999 x{}",
-        comparison["delivered_per_s"],
-        comparison["latency_p50"],
-        comparison["latency_p99"],
-        comparison["latency_p999"],
+        comparison["delivered_per_s"], comparison["latency_p50"], comparison["latency_p99"], comparison["latency_p999"],
     )
 }

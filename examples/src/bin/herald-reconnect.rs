@@ -94,9 +94,12 @@ async fn run(args: &Args) -> Result<(), Error> {
     );
     let tasks: Vec<_> = (0..args.users)
         .map(|n| {
-            let (users, permits, set_up, phase) = (Arc::clone(&users), Arc::clone(&permits), Arc::clone(&set_up), phase_rx.clone());
+            let (users, permits, set_up, phase) =
+                (Arc::clone(&users), Arc::clone(&permits), Arc::clone(&set_up), phase_rx.clone());
             let (url, conversations, notifier) = (args.url.clone(), args.conversations, notifier.clone());
-            tokio::spawn(async move { device(&url, &users, n, conversations, &notifier, &permits, &set_up, phase).await })
+            tokio::spawn(
+                async move { device(&url, &users, n, conversations, &notifier, &permits, &set_up, phase).await },
+            )
         })
         .collect();
 
@@ -111,7 +114,12 @@ async fn run(args: &Args) -> Result<(), Error> {
     let mut sender = connect(&args.url, &notifier, &permits).await?;
     let mut ids = ClientMsgIds::new();
     for user in users.iter() {
-        let send = v1::Send { client_msg_id: ids.next_id(), conversation: dm_conversation(&notifier, user), kind: 1, body: "while away".into() };
+        let send = v1::Send {
+            client_msg_id: ids.next_id(),
+            conversation: dm_conversation(&notifier, user),
+            kind: 1,
+            body: "while away".into(),
+        };
         let rid = sender.next_rid();
         sender.feed(&Frame::new(rid, send)).await?;
     }
@@ -192,7 +200,12 @@ async fn device(
     let mut ids = ClientMsgIds::new();
     for k in 1..=half {
         let to = &users[(n + k) % users.len()];
-        let send = v1::Send { client_msg_id: ids.next_id(), conversation: dm_conversation(me, to), kind: 1, body: "read".into() };
+        let send = v1::Send {
+            client_msg_id: ids.next_id(),
+            conversation: dm_conversation(me, to),
+            kind: 1,
+            body: "read".into(),
+        };
         let rid = connection.next_rid();
         connection.feed(&Frame::new(rid, send)).await?;
     }
@@ -204,7 +217,12 @@ async fn device(
             Some(Body::SendAck(_)) => acks += 1,
             Some(Body::Deliver(deliver)) => {
                 let message = deliver.message.ok_or("deliver without a message")?;
-                connection.send(&Frame::new(0, v1::DeliverAck { conversation: message.conversation.clone(), seq: message.seq })).await?;
+                connection
+                    .send(&Frame::new(
+                        0,
+                        v1::DeliverAck { conversation: message.conversation.clone(), seq: message.seq },
+                    ))
+                    .await?;
                 delivered.insert(message.conversation);
             }
             _ => {}
@@ -224,7 +242,9 @@ async fn device(
     loop {
         if let Some(Body::Deliver(deliver)) = tokio::time::timeout(WAIT, connection.recv()).await??.body {
             let message = deliver.message.ok_or("deliver without a message")?;
-            connection.send(&Frame::new(0, v1::DeliverAck { conversation: message.conversation.clone(), seq: message.seq })).await?;
+            connection
+                .send(&Frame::new(0, v1::DeliverAck { conversation: message.conversation.clone(), seq: message.seq }))
+                .await?;
             if message.conversation == owed {
                 let took = storm.elapsed();
                 connection.close(1000, "done").await;

@@ -3,10 +3,7 @@
 //! Herald's guarantees visible. See `herald_examples::relay`.
 
 #![forbid(unsafe_code)]
-#![allow(
-    clippy::print_stdout,
-    reason = "a command-line program reports on stdout"
-)]
+#![allow(clippy::print_stdout, reason = "a command-line program reports on stdout")]
 
 use std::{io::Write as _, net::SocketAddr, process::ExitCode, time::Duration};
 
@@ -42,10 +39,7 @@ struct Args {
 async fn main() -> ExitCode {
     let args = Args::parse();
     if !args.allow_remote && !is_loopback_host(&args.listen.ip().to_string()) {
-        eprintln!(
-            "herald-relay: {} is not a loopback address; pass --allow-remote to listen there",
-            args.listen
-        );
+        eprintln!("herald-relay: {} is not a loopback address; pass --allow-remote to listen there", args.listen);
         return ExitCode::from(2);
     }
     let config = RelayConfig {

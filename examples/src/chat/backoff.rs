@@ -18,11 +18,7 @@ pub struct Backoff {
 impl Backoff {
     /// Backoff starting at `base`, doubling up to `max`.
     pub fn new(base: Duration, max: Duration) -> Self {
-        Self {
-            base,
-            max,
-            attempt: 0,
-        }
+        Self { base, max, attempt: 0 }
     }
 
     /// Consecutive failures recorded since the last reset.
@@ -33,9 +29,7 @@ impl Backoff {
     /// The delay before the next attempt, given `jitter` in `[0, 1)` (a random draw):
     /// `base · 2^attempt`, capped at `max`, then shortened by up to 30 % of itself.
     pub fn next_delay(&mut self, jitter: f64) -> Duration {
-        let doubled = self
-            .base
-            .saturating_mul(1u32.checked_shl(self.attempt.min(31)).unwrap_or(u32::MAX));
+        let doubled = self.base.saturating_mul(1u32.checked_shl(self.attempt.min(31)).unwrap_or(u32::MAX));
         let capped = doubled.min(self.max);
         self.attempt = self.attempt.saturating_add(1);
         capped.mul_f64(1.0 - 0.3 * jitter.clamp(0.0, 1.0))
@@ -54,9 +48,7 @@ mod tests {
     #[test]
     fn doubles_up_to_the_cap() {
         let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(2));
-        let delays: Vec<u128> = (0..6)
-            .map(|_| backoff.next_delay(0.0).as_millis())
-            .collect();
+        let delays: Vec<u128> = (0..6).map(|_| backoff.next_delay(0.0).as_millis()).collect();
         assert_eq!(delays, [250, 500, 1000, 2000, 2000, 2000]);
         assert_eq!(backoff.attempts(), 6);
         backoff.reset();

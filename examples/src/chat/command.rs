@@ -43,11 +43,7 @@ anything else is sent to the current conversation";
 pub fn parse_command(line: &str, me: &str) -> Command {
     let line = line.trim_end_matches(['\r', '\n']);
     let Some(rest) = line.strip_prefix('/') else {
-        return if line.trim().is_empty() {
-            Command::Nothing
-        } else {
-            Command::Text(line.to_owned())
-        };
+        return if line.trim().is_empty() { Command::Nothing } else { Command::Text(line.to_owned()) };
     };
     // `//text` sends a line that starts with a slash.
     if rest.starts_with('/') {
@@ -68,9 +64,7 @@ pub fn parse_command(line: &str, me: &str) -> Command {
         ("to" | "dm" | "peer", None) => Command::Invalid("usage: /to <user>".to_owned()),
         ("join" | "subscribe", Some(room)) => match room_id(room) {
             Some(room) => Command::Join(room),
-            None => Command::Invalid(format!(
-                "`{room}` is not a room name: 1-128 characters of A-Z a-z 0-9 . _ @ -"
-            )),
+            None => Command::Invalid(format!("`{room}` is not a room name: 1-128 characters of A-Z a-z 0-9 . _ @ -")),
         },
         ("join" | "subscribe", None) => Command::Invalid("usage: /join <room>".to_owned()),
         ("leave" | "unsubscribe", room) => match room.map(room_id) {
@@ -103,15 +97,11 @@ pub fn resolve_target(me: &str, target: &str) -> Result<String, String> {
                 Err(format!("you ({me}) are not a member of {target}"))
             }
             Some(_) => Ok(target.to_owned()),
-            None => Err(format!(
-                "`{target}` is not a conversation: use a user name, room:<name> or grp:<id>"
-            )),
+            None => Err(format!("`{target}` is not a conversation: use a user name, room:<name> or grp:<id>")),
         };
     }
     if !is_valid_name(target) {
-        return Err(format!(
-            "`{target}` is not a user name: 1-128 characters of A-Z a-z 0-9 . _ @ -"
-        ));
+        return Err(format!("`{target}` is not a user name: 1-128 characters of A-Z a-z 0-9 . _ @ -"));
     }
     if target == me {
         return Err("that is you: pick another user".to_owned());
@@ -130,10 +120,7 @@ pub fn room_id(room: &str) -> Option<String> {
 /// binary bodies.
 pub fn display_body(body: &[u8], kind: u32) -> String {
     match std::str::from_utf8(body) {
-        Ok(text) => text
-            .chars()
-            .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
-            .collect(),
+        Ok(text) => text.chars().map(|c| if c.is_control() { '\u{FFFD}' } else { c }).collect(),
         Err(_) => format!("<{} bytes of binary, kind {kind}>", body.len()),
     }
 }
@@ -144,76 +131,37 @@ mod tests {
 
     #[test]
     fn plain_text_is_sent() {
-        assert_eq!(
-            parse_command("hello there\n", "alice"),
-            Command::Text("hello there".to_owned())
-        );
+        assert_eq!(parse_command("hello there\n", "alice"), Command::Text("hello there".to_owned()));
         assert_eq!(parse_command("   ", "alice"), Command::Nothing);
-        assert_eq!(
-            parse_command("//not a command", "alice"),
-            Command::Text("/not a command".to_owned())
-        );
+        assert_eq!(parse_command("//not a command", "alice"), Command::Text("/not a command".to_owned()));
     }
 
     #[test]
     fn to_picks_the_dm_in_byte_order() {
-        assert_eq!(
-            parse_command("/to bob", "alice"),
-            Command::To("dm:alice:bob".to_owned())
-        );
-        assert_eq!(
-            parse_command("/to alice", "bob"),
-            Command::To("dm:alice:bob".to_owned())
-        );
-        assert_eq!(
-            parse_command("/to room:lobby", "bob"),
-            Command::To("room:lobby".to_owned())
-        );
-        assert!(matches!(
-            parse_command("/to bob", "bob"),
-            Command::Invalid(_)
-        ));
+        assert_eq!(parse_command("/to bob", "alice"), Command::To("dm:alice:bob".to_owned()));
+        assert_eq!(parse_command("/to alice", "bob"), Command::To("dm:alice:bob".to_owned()));
+        assert_eq!(parse_command("/to room:lobby", "bob"), Command::To("room:lobby".to_owned()));
+        assert!(matches!(parse_command("/to bob", "bob"), Command::Invalid(_)));
         assert!(matches!(parse_command("/to b b", "a"), Command::Invalid(_)));
-        assert!(matches!(
-            parse_command("/to dm:carol:dave", "alice"),
-            Command::Invalid(_)
-        ));
+        assert!(matches!(parse_command("/to dm:carol:dave", "alice"), Command::Invalid(_)));
         assert!(matches!(parse_command("/to", "alice"), Command::Invalid(_)));
     }
 
     #[test]
     fn rooms_accept_bare_or_prefixed_names() {
-        assert_eq!(
-            parse_command("/join lobby", "a"),
-            Command::Join("room:lobby".to_owned())
-        );
-        assert_eq!(
-            parse_command("/join room:lobby", "a"),
-            Command::Join("room:lobby".to_owned())
-        );
-        assert!(matches!(
-            parse_command("/join lob:by", "a"),
-            Command::Invalid(_)
-        ));
+        assert_eq!(parse_command("/join lobby", "a"), Command::Join("room:lobby".to_owned()));
+        assert_eq!(parse_command("/join room:lobby", "a"), Command::Join("room:lobby".to_owned()));
+        assert!(matches!(parse_command("/join lob:by", "a"), Command::Invalid(_)));
         assert_eq!(parse_command("/leave", "a"), Command::Leave(None));
-        assert_eq!(
-            parse_command("/leave lobby", "a"),
-            Command::Leave(Some("room:lobby".to_owned()))
-        );
+        assert_eq!(parse_command("/leave lobby", "a"), Command::Leave(Some("room:lobby".to_owned())));
     }
 
     #[test]
     fn history_takes_an_optional_positive_limit() {
         assert_eq!(parse_command("/history", "a"), Command::History(None));
         assert_eq!(parse_command("/history 5", "a"), Command::History(Some(5)));
-        assert!(matches!(
-            parse_command("/history 0", "a"),
-            Command::Invalid(_)
-        ));
-        assert!(matches!(
-            parse_command("/history x", "a"),
-            Command::Invalid(_)
-        ));
+        assert!(matches!(parse_command("/history 0", "a"), Command::Invalid(_)));
+        assert!(matches!(parse_command("/history x", "a"), Command::Invalid(_)));
     }
 
     #[test]
@@ -221,19 +169,13 @@ mod tests {
         assert_eq!(parse_command("/sync", "a"), Command::Sync);
         assert_eq!(parse_command("/help", "a"), Command::Help);
         assert_eq!(parse_command("/quit", "a"), Command::Quit);
-        assert!(matches!(
-            parse_command("/frobnicate", "a"),
-            Command::Invalid(_)
-        ));
+        assert!(matches!(parse_command("/frobnicate", "a"), Command::Invalid(_)));
     }
 
     #[test]
     fn bodies_are_shown_safely() {
         assert_eq!(display_body(b"hi there", 1), "hi there");
         assert_eq!(display_body(b"evil\x1b[2J", 1), "evil\u{FFFD}[2J");
-        assert_eq!(
-            display_body(&[0xff, 0xfe], 7),
-            "<2 bytes of binary, kind 7>"
-        );
+        assert_eq!(display_body(&[0xff, 0xfe], 7), "<2 bytes of binary, kind 7>");
     }
 }

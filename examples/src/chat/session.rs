@@ -42,10 +42,7 @@ pub struct Effects {
 
 impl Effects {
     fn print(line: impl Into<String>) -> Self {
-        Self {
-            print: vec![line.into()],
-            ..Self::default()
-        }
+        Self { print: vec![line.into()], ..Self::default() }
     }
 }
 
@@ -131,13 +128,7 @@ impl ChatState {
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
         for room in rooms {
             let rid = self.rid();
-            effects.send.push(Frame::new(
-                rid,
-                v1::Subscribe {
-                    room,
-                    since_seq: None,
-                },
-            ));
+            effects.send.push(Frame::new(rid, v1::Subscribe { room, since_seq: None }));
         }
         let sends: Vec<v1::Send> = self.pending.iter().map(|(_, p)| p.send.clone()).collect();
         for send in sends {
@@ -145,10 +136,7 @@ impl ChatState {
             effects.send.push(Frame::new(rid, send));
         }
         if !self.pending.is_empty() {
-            effects.print.push(format!(
-                "(resending {} unacknowledged message(s))",
-                self.pending.len()
-            ));
+            effects.print.push(format!("(resending {} unacknowledged message(s))", self.pending.len()));
         }
         effects
     }
@@ -158,10 +146,7 @@ impl ChatState {
     pub fn on_line(&mut self, line: &str, connected: bool) -> Effects {
         match parse_command(line, &self.me) {
             Command::Nothing => Effects::default(),
-            Command::Quit => Effects {
-                quit: true,
-                ..Effects::default()
-            },
+            Command::Quit => Effects { quit: true, ..Effects::default() },
             Command::Help => Effects::print(HELP),
             Command::Invalid(message) => Effects::print(format!("! {message}")),
             Command::To(conversation) => {
@@ -176,23 +161,11 @@ impl ChatState {
                     return Effects::print(format!("will join {room} once connected"));
                 }
                 let rid = self.rid();
-                Effects {
-                    send: vec![Frame::new(
-                        rid,
-                        v1::Subscribe {
-                            room,
-                            since_seq: None,
-                        },
-                    )],
-                    ..Effects::default()
-                }
+                Effects { send: vec![Frame::new(rid, v1::Subscribe { room, since_seq: None })], ..Effects::default() }
             }
             Command::Leave(room) => {
-                let room = room.or_else(|| {
-                    self.conversation
-                        .clone()
-                        .filter(|conversation| conversation.starts_with("room:"))
-                });
+                let room =
+                    room.or_else(|| self.conversation.clone().filter(|conversation| conversation.starts_with("room:")));
                 let Some(room) = room else {
                     return Effects::print("! /leave which room? You are not in one.");
                 };
@@ -214,13 +187,7 @@ impl ChatState {
                 }
                 let rid = self.rid();
                 Effects {
-                    send: vec![Frame::new(
-                        rid,
-                        v1::Sync {
-                            cursors: Vec::new(),
-                            limit: 0,
-                        },
-                    )],
+                    send: vec![Frame::new(rid, v1::Sync { cursors: Vec::new(), limit: 0 })],
                     ..Effects::default()
                 }
             }
@@ -239,21 +206,12 @@ impl ChatState {
             kind: TEXT_KIND,
             body: Bytes::from(text.into_bytes()),
         };
-        self.pending.push((
-            client_msg_id,
-            PendingSend {
-                send: send.clone(),
-                retries: 0,
-            },
-        ));
+        self.pending.push((client_msg_id, PendingSend { send: send.clone(), retries: 0 }));
         if !connected {
             return Effects::print("(not connected: the message will be sent on reconnect)");
         }
         let rid = self.rid();
-        Effects {
-            send: vec![Frame::new(rid, send)],
-            ..Effects::default()
-        }
+        Effects { send: vec![Frame::new(rid, send)], ..Effects::default() }
     }
 
     fn history_request(&mut self, limit: Option<u32>, connected: bool) -> Effects {
@@ -274,33 +232,20 @@ impl ChatState {
         };
         let rid = self.rid();
         Effects {
-            send: vec![Frame::new(
-                rid,
-                v1::History {
-                    conversation,
-                    before_seq,
-                    limit: limit.unwrap_or(HISTORY_PAGE),
-                },
-            )],
+            send: vec![Frame::new(rid, v1::History { conversation, before_seq, limit: limit.unwrap_or(HISTORY_PAGE) })],
             ..Effects::default()
         }
     }
 
     /// The frame to resend for a RETRY whose wait is over, if it is still pending.
     pub fn resend(&mut self, client_msg_id: &str) -> Effects {
-        let Some(send) = self
-            .pending
-            .iter()
-            .find(|(id, _)| id == client_msg_id)
-            .map(|(_, pending)| pending.send.clone())
+        let Some(send) =
+            self.pending.iter().find(|(id, _)| id == client_msg_id).map(|(_, pending)| pending.send.clone())
         else {
             return Effects::default();
         };
         let rid = self.rid();
-        Effects {
-            send: vec![Frame::new(rid, send)],
-            ..Effects::default()
-        }
+        Effects { send: vec![Frame::new(rid, send)], ..Effects::default() }
     }
 
     /// Handles a frame from the server.
@@ -319,10 +264,8 @@ impl ChatState {
             Some(Body::HistoryReply(reply)) => self.on_history(reply),
             Some(Body::SyncReply(reply)) => self.on_sync(reply),
             Some(Body::Subscribed(subscribed)) => {
-                let mut effects = Effects::print(format!(
-                    "joined {} (latest seq {})",
-                    subscribed.room, subscribed.latest_seq
-                ));
+                let mut effects =
+                    Effects::print(format!("joined {} (latest seq {})", subscribed.room, subscribed.latest_seq));
                 for message in &subscribed.messages {
                     self.show(message, "", &mut effects);
                 }
@@ -332,11 +275,7 @@ impl ChatState {
                 effects
             }
             Some(Body::SyncHint(hint)) => {
-                let seq = self
-                    .latest_seq
-                    .get(&hint.conversation)
-                    .copied()
-                    .unwrap_or(0);
+                let seq = self.latest_seq.get(&hint.conversation).copied().unwrap_or(0);
                 if hint.latest_seq <= seq {
                     return Effects::default();
                 }
@@ -344,26 +283,14 @@ impl ChatState {
                 Effects {
                     send: vec![Frame::new(
                         rid,
-                        v1::Sync {
-                            cursors: vec![v1::Cursor {
-                                conversation: hint.conversation,
-                                seq,
-                            }],
-                            limit: 0,
-                        },
+                        v1::Sync { cursors: vec![v1::Cursor { conversation: hint.conversation, seq }], limit: 0 },
                     )],
                     ..Effects::default()
                 }
             }
-            Some(Body::Ping(ping)) => Effects {
-                send: vec![Frame::new(
-                    frame.rid,
-                    v1::Pong {
-                        time_ms: ping.time_ms,
-                    },
-                )],
-                ..Effects::default()
-            },
+            Some(Body::Ping(ping)) => {
+                Effects { send: vec![Frame::new(frame.rid, v1::Pong { time_ms: ping.time_ms })], ..Effects::default() }
+            }
             Some(Body::GoAway(go_away)) => Effects {
                 print: vec![format!(
                     "(server is going away: {}; reconnecting in {} ms)",
@@ -372,21 +299,16 @@ impl ChatState {
                 reconnect_after: Some(Duration::from_millis(u64::from(go_away.reconnect_after_ms))),
                 ..Effects::default()
             },
-            Some(Body::Error(error)) => Effects::print(format!(
-                "! server error {} (request {}): {}",
-                error.code, error.rid, error.message
-            )),
+            Some(Body::Error(error)) => {
+                Effects::print(format!("! server error {} (request {}): {}", error.code, error.rid, error.message))
+            }
             Some(Body::Pong(_) | Body::Connected(_)) | None => Effects::default(),
             Some(other) => Effects::print(format!("! unexpected {} frame", other.name())),
         }
     }
 
     fn on_send_ack(&mut self, ack: v1::SendAck) -> Effects {
-        let Some(position) = self
-            .pending
-            .iter()
-            .position(|(id, _)| *id == ack.client_msg_id)
-        else {
+        let Some(position) = self.pending.iter().position(|(id, _)| *id == ack.client_msg_id) else {
             return Effects::default();
         };
         match ack.status() {
@@ -426,11 +348,7 @@ impl ChatState {
                 Effects::print(format!(
                     "! message to {} REJECTED: {} (was: {text})",
                     ack.conversation,
-                    if ack.reason.is_empty() {
-                        "no reason given"
-                    } else {
-                        &ack.reason
-                    }
+                    if ack.reason.is_empty() { "no reason given" } else { &ack.reason }
                 ))
             }
         }
@@ -439,9 +357,7 @@ impl ChatState {
     fn on_history(&mut self, reply: v1::HistoryReply) -> Effects {
         let mut effects = Effects::print(format!("--- history of {} ---", reply.conversation));
         for message in &reply.messages {
-            effects
-                .print
-                .push(format_message(message, &format!(" #{}", message.seq)));
+            effects.print.push(format_message(message, &format!(" #{}", message.seq)));
         }
         let oldest = reply.messages.first().map(|message| message.seq);
         let before_seq = match (&self.history, oldest) {
@@ -455,10 +371,7 @@ impl ChatState {
             exhausted: !reply.has_more || oldest.is_none(),
         });
         effects.print.push(if reply.has_more && oldest.is_some() {
-            format!(
-                "--- {} messages; /history for older ---",
-                reply.messages.len()
-            )
+            format!("--- {} messages; /history for older ---", reply.messages.len())
         } else {
             "--- beginning of the conversation ---".to_owned()
         });
@@ -475,9 +388,7 @@ impl ChatState {
             if let Some(last) = conversation.messages.iter().max_by_key(|m| m.seq) {
                 effects.send.push(deliver_ack(last));
             }
-            if conversation.latest_seq > conversation.complete_through_seq
-                && !conversation.messages.is_empty()
-            {
+            if conversation.latest_seq > conversation.complete_through_seq && !conversation.messages.is_empty() {
                 again.push(v1::Cursor {
                     conversation: conversation.conversation,
                     seq: conversation.complete_through_seq,
@@ -486,23 +397,14 @@ impl ChatState {
         }
         if !again.is_empty() {
             let rid = self.rid();
-            effects.send.push(Frame::new(
-                rid,
-                v1::Sync {
-                    cursors: again,
-                    limit: 0,
-                },
-            ));
+            effects.send.push(Frame::new(rid, v1::Sync { cursors: again, limit: 0 }));
         }
         effects
     }
 
     /// Prints a message unless it was shown before.
     fn show(&mut self, message: &v1::Message, note: &str, effects: &mut Effects) {
-        let latest = self
-            .latest_seq
-            .entry(message.conversation.clone())
-            .or_default();
+        let latest = self.latest_seq.entry(message.conversation.clone()).or_default();
         *latest = (*latest).max(message.seq);
         if !self.seen_ids.insert(message.id) {
             return;
@@ -513,23 +415,12 @@ impl ChatState {
 
 /// The cumulative acknowledgement of `message`.
 fn deliver_ack(message: &v1::Message) -> Frame {
-    Frame::new(
-        0,
-        v1::DeliverAck {
-            conversation: message.conversation.clone(),
-            seq: message.seq,
-        },
-    )
+    Frame::new(0, v1::DeliverAck { conversation: message.conversation.clone(), seq: message.seq })
 }
 
 /// `[conversation] sender: text`, with `note` after the conversation.
 pub fn format_message(message: &v1::Message, note: &str) -> String {
-    format!(
-        "[{}{note}] {}: {}",
-        message.conversation,
-        message.sender,
-        display_body(&message.body, message.kind)
-    )
+    format!("[{}{note}] {}: {}", message.conversation, message.sender, display_body(&message.body, message.kind))
 }
 
 #[cfg(test)]
@@ -550,13 +441,7 @@ mod tests {
     }
 
     fn deliver(seq: u64, text: &str) -> Frame {
-        Frame::new(
-            0,
-            v1::Deliver {
-                message: Some(message(seq, "bob", text)),
-                attempt: 1,
-            },
-        )
+        Frame::new(0, v1::Deliver { message: Some(message(seq, "bob", text)), attempt: 1 })
     }
 
     fn sent(effects: &Effects) -> v1::Send {
@@ -601,16 +486,7 @@ mod tests {
         let mut chat = ChatState::new("alice", false);
         let effects = chat.on_frame(deliver(5, "hi alice"));
         assert_eq!(effects.print, ["[dm:alice:bob] bob: hi alice"]);
-        assert_eq!(
-            effects.send,
-            [Frame::new(
-                0,
-                v1::DeliverAck {
-                    conversation: "dm:alice:bob".to_owned(),
-                    seq: 5
-                }
-            )]
-        );
+        assert_eq!(effects.send, [Frame::new(0, v1::DeliverAck { conversation: "dm:alice:bob".to_owned(), seq: 5 })]);
         let again = chat.on_frame(deliver(5, "hi alice"));
         assert!(again.print.is_empty(), "a redelivery is not printed twice");
         assert_eq!(again.send.len(), 1, "but it is acknowledged again");
@@ -621,32 +497,19 @@ mod tests {
         let mut chat = ChatState::new("alice", false);
         chat.on_line("/to bob", true);
         let send = sent(&chat.on_line("one", true));
-        assert_eq!(
-            chat.on_frame(ack(&send, Status::Ok, 3, "")),
-            Effects::default()
-        );
+        assert_eq!(chat.on_frame(ack(&send, Status::Ok, 3, "")), Effects::default());
         assert_eq!(chat.pending_sends(), 0);
 
         let send = sent(&chat.on_line("two", true));
         let effects = chat.on_frame(ack(&send, Status::Rejected, 0, "too long"));
         assert_eq!(chat.pending_sends(), 0);
-        assert!(
-            effects.print[0].contains("REJECTED: too long"),
-            "{:?}",
-            effects.print
-        );
+        assert!(effects.print[0].contains("REJECTED: too long"), "{:?}", effects.print);
 
         let send = sent(&chat.on_line("three", true));
         let effects = chat.on_frame(ack(&send, Status::Retry, 0, "busy"));
-        assert_eq!(
-            effects.retry,
-            [(Duration::from_millis(10), send.client_msg_id.clone())]
-        );
+        assert_eq!(effects.retry, [(Duration::from_millis(10), send.client_msg_id.clone())]);
         let resent = sent(&chat.resend(&send.client_msg_id));
-        assert_eq!(
-            resent.client_msg_id, send.client_msg_id,
-            "same id on resend"
-        );
+        assert_eq!(resent.client_msg_id, send.client_msg_id, "same id on resend");
     }
 
     #[test]
@@ -656,11 +519,7 @@ mod tests {
         let offline = chat.on_line("queued", false);
         assert!(offline.send.is_empty());
         let effects = chat.on_connected();
-        let bodies: Vec<&str> = effects
-            .send
-            .iter()
-            .map(|f| f.body.as_ref().map_or("none", Body::name))
-            .collect();
+        let bodies: Vec<&str> = effects.send.iter().map(|f| f.body.as_ref().map_or("none", Body::name)).collect();
         assert_eq!(bodies, ["subscribe", "send"]);
     }
 

@@ -43,11 +43,7 @@ impl Payload {
         let sent_us = u64::from_le_bytes(body.get(0..8)?.try_into().ok()?);
         let counter = u64::from_le_bytes(body.get(8..16)?.try_into().ok()?);
         let seed = counter as u8;
-        let intact = body
-            .iter()
-            .enumerate()
-            .skip(MIN_BODY_BYTES)
-            .all(|(index, &byte)| byte == filler(seed, index));
+        let intact = body.iter().enumerate().skip(MIN_BODY_BYTES).all(|(index, &byte)| byte == filler(seed, index));
         intact.then_some(Self { sent_us, counter })
     }
 }
@@ -86,10 +82,7 @@ mod tests {
     #[test]
     fn payload_round_trips() {
         for len in [0, 16, 17, 64, 1000] {
-            let payload = Payload {
-                sent_us: 123_456_789,
-                counter: 300,
-            };
+            let payload = Payload { sent_us: 123_456_789, counter: 300 };
             let body = payload.encode(len);
             assert_eq!(body.len(), len.max(MIN_BODY_BYTES));
             assert_eq!(Payload::decode(&body, len), Some(payload));
@@ -98,10 +91,7 @@ mod tests {
 
     #[test]
     fn altered_bodies_are_detected() {
-        let payload = Payload {
-            sent_us: 1,
-            counter: 2,
-        };
+        let payload = Payload { sent_us: 1, counter: 2 };
         let body = payload.encode(64);
         assert_eq!(Payload::decode(&body[..63], 64), None);
         let mut flipped = body.to_vec();

@@ -23,35 +23,29 @@ impl Progress {
         } else {
             ProgressBar::hidden()
         };
-        if let Ok(style) = ProgressStyle::with_template(
-            "{prefix:.bold} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} {msg}",
-        ) {
+        if let Ok(style) =
+            ProgressStyle::with_template("{prefix:.bold} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} {msg}")
+        {
             bar.set_style(style);
         }
         bar.set_prefix(label.to_owned());
         bar.set_message("connecting");
-        Self {
-            bar,
-            last: Mutex::new(None),
-        }
+        Self { bar, last: Mutex::new(None) }
     }
 
     pub(super) fn connecting(&self, done: u64, failed: u64) {
         self.bar.set_position(done);
         if failed > 0 {
-            self.bar
-                .set_message(format!("connecting ({failed} failed)"));
+            self.bar.set_message(format!("connecting ({failed} failed)"));
         }
     }
 
     pub(super) fn running(&self, total: Duration) {
-        if let Ok(style) = ProgressStyle::with_template(
-            "{prefix:.bold} [{elapsed_precise}] {bar:30.green/blue} {msg}",
-        ) {
+        if let Ok(style) = ProgressStyle::with_template("{prefix:.bold} [{elapsed_precise}] {bar:30.green/blue} {msg}")
+        {
             self.bar.set_style(style);
         }
-        self.bar
-            .set_length(u64::try_from(total.as_millis()).unwrap_or(u64::MAX));
+        self.bar.set_length(u64::try_from(total.as_millis()).unwrap_or(u64::MAX));
         self.bar.set_position(0);
         self.bar.set_message("warming up");
     }
@@ -65,8 +59,7 @@ impl Progress {
             _ => 0.0,
         };
         *last = Some((counts.delivered, elapsed));
-        self.bar
-            .set_position(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+        self.bar.set_position(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
         self.bar.set_message(format!(
             "sent {} ok {} delivered {} ({rate:.0}/s) errors {}",
             counts.sent, counts.ack_ok, counts.delivered, counts.errors

@@ -19,9 +19,7 @@ pub const LISTENING_PREFIX: &str = "herald-relay listening on ";
 #[derive(Debug, thiserror::Error)]
 pub enum RelayProcessError {
     /// The executable could not be run.
-    #[error(
-        "cannot start {path}: {source} (build it with `cargo build --release -p herald-examples`)"
-    )]
+    #[error("cannot start {path}: {source} (build it with `cargo build --release -p herald-examples`)")]
     Spawn {
         /// The executable.
         path: PathBuf,
@@ -63,18 +61,9 @@ impl RelayProcess {
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|source| RelayProcessError::Spawn {
-                path: path.to_owned(),
-                source,
-            })?;
-        let no_address = |detail: String| RelayProcessError::NoAddress {
-            path: path.to_owned(),
-            detail,
-        };
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| no_address("no stdout".to_owned()))?;
+            .map_err(|source| RelayProcessError::Spawn { path: path.to_owned(), source })?;
+        let no_address = |detail: String| RelayProcessError::NoAddress { path: path.to_owned(), detail };
+        let stdout = child.stdout.take().ok_or_else(|| no_address("no stdout".to_owned()))?;
         let mut lines = BufReader::new(stdout).lines();
         let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
             .await

@@ -122,11 +122,7 @@ impl LatencyRecorder {
     ///
     /// Never in practice: the histogram bounds are constants that hdrhistogram accepts.
     pub fn new(shards: usize) -> Self {
-        Self {
-            shards: (0..shards.max(1))
-                .map(|_| Mutex::new(new_histogram()))
-                .collect(),
-        }
+        Self { shards: (0..shards.max(1)).map(|_| Mutex::new(new_histogram())).collect() }
     }
 
     /// Records one latency, in microseconds, on the shard of user `user`.
@@ -148,10 +144,7 @@ impl LatencyRecorder {
     }
 }
 
-#[allow(
-    clippy::expect_used,
-    reason = "constant bounds that hdrhistogram accepts"
-)]
+#[allow(clippy::expect_used, reason = "constant bounds that hdrhistogram accepts")]
 fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_TRACKED_US, 3).expect("valid histogram bounds")
 }
@@ -270,10 +263,7 @@ pub struct Report {
 
 /// The counters' values at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[allow(
-    missing_docs,
-    reason = "one field per Counters field, documented there"
-)]
+#[allow(missing_docs, reason = "one field per Counters field, documented there")]
 pub struct CountSnapshot {
     pub connected: u64,
     pub connect_failures: u64,
@@ -425,11 +415,7 @@ impl Report {
             connected = c.connected,
             users = self.users,
             connect = self.connect_time.as_secs_f64(),
-            rate = if self.rate == 0 {
-                "max".to_owned()
-            } else {
-                format!("{}/s", self.rate)
-            },
+            rate = if self.rate == 0 { "max".to_owned() } else { format!("{}/s", self.rate) },
             body = self.body_bytes,
             in_flight = self.in_flight,
             window = self.duration.as_secs_f64(),
@@ -460,8 +446,7 @@ impl Report {
             } else {
                 format!(
                     " (not drained: {} sends unsettled or undelivered at the drain timeout)",
-                    c.sent
-                        .saturating_sub(c.delivered.min(c.ack_ok + c.ack_duplicate))
+                    c.sent.saturating_sub(c.delivered.min(c.ack_ok + c.ack_duplicate))
                 )
             },
         );
@@ -472,11 +457,7 @@ impl Report {
                 verification.delivered_ids,
                 verification.missing,
                 verification.unacknowledged,
-                if verification.is_exact() {
-                    "exact"
-                } else {
-                    "MISMATCH"
-                }
+                if verification.is_exact() { "exact" } else { "MISMATCH" }
             ));
         }
         if let Some(lag) = self.send_lag {
@@ -497,11 +478,7 @@ impl Report {
 /// `count / duration` in events per second (0 for an empty duration).
 pub fn per_second(count: u64, duration: Duration) -> f64 {
     let seconds = duration.as_secs_f64();
-    if seconds > 0.0 {
-        count as f64 / seconds
-    } else {
-        0.0
-    }
+    if seconds > 0.0 { count as f64 / seconds } else { 0.0 }
 }
 
 /// Microseconds as a short human string: `850us`, `3.20ms`, `1.50s`.
@@ -552,10 +529,7 @@ mod tests {
 
     #[test]
     fn empty_histograms_summarise_to_zero() {
-        assert_eq!(
-            LatencySummary::of(&LatencyRecorder::new(1).merged()),
-            LatencySummary::default()
-        );
+        assert_eq!(LatencySummary::of(&LatencyRecorder::new(1).merged()), LatencySummary::default());
     }
 
     #[test]
@@ -563,15 +537,8 @@ mod tests {
         let report = Report {
             label: "relay".to_owned(),
             duration: Duration::from_secs(2),
-            counts: CountSnapshot {
-                window_delivered: 100,
-                ..CountSnapshot::default()
-            },
-            verification: Some(Verification {
-                acked_ids: 3,
-                delivered_ids: 3,
-                ..Verification::default()
-            }),
+            counts: CountSnapshot { window_delivered: 100, ..CountSnapshot::default() },
+            verification: Some(Verification { acked_ids: 3, delivered_ids: 3, ..Verification::default() }),
             ..Report::default()
         };
         let json = report.to_json();

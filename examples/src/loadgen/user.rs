@@ -96,26 +96,16 @@ pub(super) async fn run_user(
         verify,
     };
     user.run(&mut phase).await;
-    let User {
-        connection,
-        outcome,
-        ..
-    } = user;
+    let User { connection, outcome, .. } = user;
     connection.close(1000, "load test over").await;
     outcome
 }
 
 async fn connect(plan: &UserPlan, shared: &Shared) -> Result<Connection, ConnectionError> {
     let config = &shared.config;
-    let mut connection =
-        Connection::open(&config.url, config.encoding, config.connect_timeout).await?;
+    let mut connection = Connection::open(&config.url, config.encoding, config.connect_timeout).await?;
     connection
-        .login(
-            &config.token_mode.token(&plan.user),
-            &config.device,
-            "herald-loadgen",
-            config.connect_timeout,
-        )
+        .login(&config.token_mode.token(&plan.user), &config.device, "herald-loadgen", config.connect_timeout)
         .await?;
     Ok(connection)
 }
@@ -252,12 +242,7 @@ impl User {
         }
         self.pending.insert(
             client_msg_id.clone(),
-            Pending {
-                sent_us,
-                written: Instant::now(),
-                body: body.clone(),
-                retries: 0,
-            },
+            Pending { sent_us, written: Instant::now(), body: body.clone(), retries: 0 },
         );
         self.write_send(client_msg_id, body).await;
     }
@@ -266,12 +251,7 @@ impl User {
         let rid = self.connection.next_rid();
         let frame = Frame::new(
             rid,
-            v1::Send {
-                client_msg_id,
-                conversation: self.plan.conversation.clone(),
-                kind: LOAD_KIND,
-                body,
-            },
+            v1::Send { client_msg_id, conversation: self.plan.conversation.clone(), kind: LOAD_KIND, body },
         );
         self.write(&frame).await;
     }
@@ -308,8 +288,7 @@ impl User {
             self.alive = false;
             self.shared.counters.disconnects.incr();
             let user = &self.plan.user;
-            self.shared
-                .note_error(|| format!("{user} lost its connection: {error}"));
+            self.shared.note_error(|| format!("{user} lost its connection: {error}"));
         }
     }
 
@@ -329,10 +308,7 @@ impl User {
                     counters.redelivered.incr();
                 }
                 if let Some(message) = deliver.message {
-                    let ack = v1::DeliverAck {
-                        conversation: message.conversation.clone(),
-                        seq: message.seq,
-                    };
+                    let ack = v1::DeliverAck { conversation: message.conversation.clone(), seq: message.seq };
                     self.on_message(message);
                     self.write(&Frame::new(0, ack)).await;
                     self.shared.counters.deliver_acks.incr();
@@ -348,27 +324,20 @@ impl User {
             }
             Some(Body::SyncReply(reply)) => self.on_sync_reply(reply).await,
             Some(Body::Ping(ping)) => {
-                let pong = v1::Pong {
-                    time_ms: ping.time_ms,
-                };
+                let pong = v1::Pong { time_ms: ping.time_ms };
                 self.write(&Frame::new(frame.rid, pong)).await;
             }
             Some(Body::Pong(_)) => {}
             Some(Body::GoAway(_)) => {
                 counters.go_aways.incr();
                 let user = &self.plan.user;
-                self.shared
-                    .note_error(|| format!("{user} was told to go away (server draining)"));
+                self.shared.note_error(|| format!("{user} was told to go away (server draining)"));
                 self.alive = false;
             }
             Some(Body::Error(error)) => {
                 counters.server_errors.incr();
-                self.shared.note_error(|| {
-                    format!(
-                        "server error for rid {}: {}: {}",
-                        error.rid, error.code, error.message
-                    )
-                });
+                self.shared
+                    .note_error(|| format!("server error for rid {}: {}: {}", error.rid, error.code, error.message));
             }
             _ => counters.unexpected.incr(),
         }
@@ -389,13 +358,11 @@ impl User {
                 } else {
                     counters.ack_duplicate.incr();
                 }
-                if ack.message_id == 0 || ack.seq == 0 || ack.conversation != self.plan.conversation
-                {
+                if ack.message_id == 0 || ack.seq == 0 || ack.conversation != self.plan.conversation {
                     counters.corrupt.incr();
                 }
                 if shared.in_window(pending.sent_us) {
-                    let micros =
-                        u64::try_from(pending.written.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    let micros = u64::try_from(pending.written.elapsed().as_micros()).unwrap_or(u64::MAX);
                     shared.ack_latency.record(self.plan.index, micros);
                 }
                 if self.verify {
@@ -460,9 +427,7 @@ impl User {
             counters.window_delivered.incr();
         }
         if shared.in_window(payload.sent_us) {
-            shared
-                .latency
-                .record(self.plan.index, now_us.saturating_sub(payload.sent_us));
+            shared.latency.record(self.plan.index, now_us.saturating_sub(payload.sent_us));
         }
         if self.verify {
             self.outcome.delivered_ids.push(message.id);
@@ -472,10 +437,7 @@ impl User {
     async fn request_sync(&mut self) {
         let rid = self.connection.next_rid();
         let sync = v1::Sync {
-            cursors: vec![v1::Cursor {
-                conversation: self.plan.conversation.clone(),
-                seq: self.last_seq,
-            }],
+            cursors: vec![v1::Cursor { conversation: self.plan.conversation.clone(), seq: self.last_seq }],
             limit: 0,
         };
         self.write(&Frame::new(rid, sync)).await;
@@ -494,10 +456,7 @@ impl User {
                 self.on_message(message);
             }
             if let Some(seq) = highest {
-                let ack = v1::DeliverAck {
-                    conversation: self.plan.conversation.clone(),
-                    seq,
-                };
+                let ack = v1::DeliverAck { conversation: self.plan.conversation.clone(), seq };
                 self.write(&Frame::new(0, ack)).await;
                 self.shared.counters.deliver_acks.incr();
             }

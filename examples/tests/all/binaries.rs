@@ -28,9 +28,7 @@ async fn wait_for_line(lines: &mut Lines<BufReader<ChildStdout>>, needle: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_terminal_clients_chat_through_the_relay() {
-    let relay = Relay::spawn_local(RelayConfig::default())
-        .await
-        .expect("relay binds");
+    let relay = Relay::spawn_local(RelayConfig::default()).await.expect("relay binds");
     let chat = env!("CARGO_BIN_EXE_herald-chat");
 
     let mut bob = Command::new(chat)
@@ -44,14 +42,7 @@ async fn two_terminal_clients_chat_through_the_relay() {
     wait_for_line(&mut bob_out, "connected to").await;
 
     let mut alice = Command::new(chat)
-        .args([
-            "--url",
-            &relay.url(),
-            "--user",
-            "alice",
-            "--encoding",
-            "json",
-        ])
+        .args(["--url", &relay.url(), "--user", "alice", "--encoding", "json"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -60,33 +51,21 @@ async fn two_terminal_clients_chat_through_the_relay() {
     let mut alice_in = alice.stdin.take().expect("stdin");
     let mut alice_out = BufReader::new(alice.stdout.take().expect("stdout")).lines();
     wait_for_line(&mut alice_out, "connected to").await;
-    alice_in
-        .write_all(b"/to bob\nhello from alice\n")
-        .await
-        .expect("type into alice");
+    alice_in.write_all(b"/to bob\nhello from alice\n").await.expect("type into alice");
 
     let line = wait_for_line(&mut bob_out, "hello from alice").await;
     assert_eq!(line, "[dm:alice:bob] alice: hello from alice");
 
     let mut bob_in = bob.stdin.take().expect("stdin");
-    bob_in
-        .write_all(b"/to alice\nhi alice\n/quit\n")
-        .await
-        .expect("type into bob");
+    bob_in.write_all(b"/to alice\nhi alice\n/quit\n").await.expect("type into bob");
     let line = wait_for_line(&mut alice_out, "hi alice").await;
     assert_eq!(line, "[dm:alice:bob] bob: hi alice");
 
     // End of input: alice leaves once her sends are acknowledged.
     drop(alice_in);
-    let status = tokio::time::timeout(STEP, alice.wait())
-        .await
-        .expect("alice exits")
-        .expect("status");
+    let status = tokio::time::timeout(STEP, alice.wait()).await.expect("alice exits").expect("status");
     assert!(status.success());
-    let status = tokio::time::timeout(STEP, bob.wait())
-        .await
-        .expect("bob exits on /quit")
-        .expect("status");
+    let status = tokio::time::timeout(STEP, bob.wait()).await.expect("bob exits on /quit").expect("status");
     assert!(status.success());
 }
 
@@ -107,16 +86,7 @@ async fn loadgen_compares_against_a_relay_process() {
     let output = tokio::time::timeout(
         STEP * 3,
         Command::new(env!("CARGO_BIN_EXE_herald-loadgen"))
-            .args([
-                "--url",
-                &url,
-                "--users",
-                "10",
-                "--duration",
-                "1s",
-                "--warmup",
-                "0s",
-            ])
+            .args(["--url", &url, "--users", "10", "--duration", "1s", "--warmup", "0s"])
             .args(["--quiet", "--compare-relay", "--relay-bin", relay_bin])
             .output(),
     )
@@ -124,31 +94,12 @@ async fn loadgen_compares_against_a_relay_process() {
     .expect("loadgen finishes")
     .expect("loadgen runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     let last = stdout.lines().last().expect("output");
     let json: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
-    assert!(
-        json["herald"]["delivered_per_s"]
-            .as_f64()
-            .is_some_and(|r| r > 0.0),
-        "{json}"
-    );
-    assert!(
-        json["relay"]["delivered_per_s"]
-            .as_f64()
-            .is_some_and(|r| r > 0.0),
-        "{json}"
-    );
-    assert!(
-        json["ratio"]["delivered_per_s"]
-            .as_f64()
-            .is_some_and(|r| r > 0.0),
-        "{json}"
-    );
+    assert!(json["herald"]["delivered_per_s"].as_f64().is_some_and(|r| r > 0.0), "{json}");
+    assert!(json["relay"]["delivered_per_s"].as_f64().is_some_and(|r| r > 0.0), "{json}");
+    assert!(json["ratio"]["delivered_per_s"].as_f64().is_some_and(|r| r > 0.0), "{json}");
     assert!(stdout.contains("herald/relay: throughput x"), "{stdout}");
 }
 

@@ -22,12 +22,8 @@ fn short_run(url: String) -> LoadConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loadgen_delivers_and_acks_every_message_through_the_relay() {
-    let relay = Relay::spawn_local(RelayConfig::default())
-        .await
-        .expect("relay binds");
-    let report = loadgen::run(short_run(relay.url()))
-        .await
-        .expect("run completes");
+    let relay = Relay::spawn_local(RelayConfig::default()).await.expect("relay binds");
+    let report = loadgen::run(short_run(relay.url())).await.expect("run completes");
     let counts = report.counts;
     assert_eq!(counts.connected, 20);
     assert!(counts.delivered > 100, "{}", report.to_text());
@@ -35,32 +31,19 @@ async fn loadgen_delivers_and_acks_every_message_through_the_relay() {
     assert!(report.drained, "{}", report.to_text());
     assert_eq!(counts.ack_ok, counts.sent, "every send acknowledged OK");
     assert_eq!(counts.delivered, counts.sent, "every send delivered");
-    assert_eq!(
-        counts.deliver_acks, counts.delivered,
-        "every deliver acknowledged"
-    );
+    assert_eq!(counts.deliver_acks, counts.delivered, "every deliver acknowledged");
     assert_eq!(counts.corrupt, 0, "bodies and ids intact");
     let verification = report.verification.expect("verified");
     assert!(verification.is_exact(), "{verification:?}");
     assert!(report.latency.count > 0 && report.latency.p50_us > 0);
     let json = report.to_json();
-    assert!(
-        json["delivered_per_s"]
-            .as_f64()
-            .is_some_and(|rate| rate > 0.0)
-    );
+    assert!(json["delivered_per_s"].as_f64().is_some_and(|rate| rate > 0.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loadgen_holds_a_fixed_rate_over_json() {
-    let relay = Relay::spawn_local(RelayConfig::default())
-        .await
-        .expect("relay binds");
-    let config = LoadConfig {
-        rate: 500,
-        encoding: Encoding::Json,
-        ..short_run(relay.url())
-    };
+    let relay = Relay::spawn_local(RelayConfig::default()).await.expect("relay binds");
+    let config = LoadConfig { rate: 500, encoding: Encoding::Json, ..short_run(relay.url()) };
     let report = loadgen::run(config).await.expect("run completes");
     // 500 msg/s for a 2 s window: about 1000 sends in the window.
     let window_sent = report.counts.window_sent;
@@ -82,8 +65,5 @@ async fn loadgen_reports_when_nobody_can_connect() {
         ..short_run(format!("ws://127.0.0.1:{port}/v1/ws"))
     };
     let error = loadgen::run(config).await.expect_err("nobody connects");
-    assert!(
-        error.to_string().contains("no user could connect"),
-        "{error}"
-    );
+    assert!(error.to_string().contains("no user could connect"), "{error}");
 }

@@ -16,18 +16,9 @@ pub const STEP: Duration = Duration::from_secs(10);
 
 /// Opens a connection to `url` and logs in as `user` with a dev token.
 pub async fn login(url: &str, user: &str, device: &str, encoding: Encoding) -> Connection {
-    let mut connection = Connection::open(url, encoding, STEP)
-        .await
-        .expect("WebSocket opens");
-    let connected = connection
-        .login(
-            &format!("dev:{user}"),
-            device,
-            "herald-examples-tests",
-            STEP,
-        )
-        .await
-        .expect("login succeeds");
+    let mut connection = Connection::open(url, encoding, STEP).await.expect("WebSocket opens");
+    let connected =
+        connection.login(&format!("dev:{user}"), device, "herald-examples-tests", STEP).await.expect("login succeeds");
     assert_eq!(connected.user_id, user);
     assert_eq!(connected.device_id, device);
     connection

@@ -15,8 +15,8 @@ use crate::{
     host::PluginHost,
     plugin::{Failure, Input, Output, Plugin},
     types::{
-        Acceptance, AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Health, Message,
-        MessageDecision, Rejection, RouteRequest, Tier,
+        Acceptance, AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Health, Message, MessageDecision,
+        Rejection, RouteRequest, Tier,
     },
 };
 use std::{borrow::Cow, sync::Arc};

@@ -72,7 +72,8 @@ pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
         sender: Some("game-server".into()),
         content: "Server restarts in 5 minutes".into(),
     };
-    let route = RouteRequest { command: CommandKind::Send, user: "alice".into(), conversation: Some("room:lobby".into()) };
+    let route =
+        RouteRequest { command: CommandKind::Send, user: "alice".into(), conversation: Some("room:lobby".into()) };
     let health = Health {
         connections: 1_000,
         send_queue_depth_p99: 2,
@@ -82,11 +83,8 @@ pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
         cpu_load: 0.3,
         errors_per_second: 0.0,
     };
-    let connect = ConnectRequest {
-        user: "alice".into(),
-        device: "phone".into(),
-        claims: vec![("sub".into(), "alice".into())],
-    };
+    let connect =
+        ConnectRequest { user: "alice".into(), device: "phone".into(), claims: vec![("sub".into(), "alice".into())] };
     let mut samples = Vec::new();
     for hook in plugin.hooks.clone() {
         let (input, text) = match hook {
@@ -297,7 +295,8 @@ blocked_words = ["spam"]
     ];
     for (path, text) in files {
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| ScaffoldError::Io { path: parent.to_path_buf(), source })?;
+            std::fs::create_dir_all(parent)
+                .map_err(|source| ScaffoldError::Io { path: parent.to_path_buf(), source })?;
         }
         std::fs::write(&path, text).map_err(|source| ScaffoldError::Io { path, source })?;
     }

@@ -24,7 +24,8 @@ pub enum Hook {
 
 impl Hook {
     /// Every hook, in contract order.
-    pub const ALL: [Hook; 5] = [Hook::MessagePolicy, Hook::AnnouncePolicy, Hook::RouteKey, Hook::Degrade, Hook::Connect];
+    pub const ALL: [Hook; 5] =
+        [Hook::MessagePolicy, Hook::AnnouncePolicy, Hook::RouteKey, Hook::Degrade, Hook::Connect];
 
     /// The WIT interface name, e.g. `message-policy`.
     pub fn wit_name(self) -> &'static str {

@@ -176,7 +176,8 @@ impl PluginHost {
         let dir = self.dir().ok_or(PluginError::NoDirectory)?;
         let read_dir = |dir: PathBuf| -> Result<Vec<PathBuf>, PluginError> {
             let entries = std::fs::read_dir(&dir).map_err(|source| PluginError::Io { path: dir.clone(), source })?;
-            let mut files: Vec<PathBuf> = entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| is_wasm(p)).collect();
+            let mut files: Vec<PathBuf> =
+                entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| is_wasm(p)).collect();
             files.sort();
             Ok(files)
         };

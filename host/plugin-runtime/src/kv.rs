@@ -32,8 +32,13 @@ pub trait PluginKv: Send + Sync + 'static {
     /// Stores `value`; `ttl` of `None` keeps it until deleted.
     async fn set(&self, scope: &str, key: &str, value: Vec<u8>, ttl: Option<Duration>) -> Result<(), KvError>;
     /// Stores `value` if `key` is absent; `true` when stored. Atomic.
-    async fn set_if_absent(&self, scope: &str, key: &str, value: Vec<u8>, ttl: Option<Duration>)
-    -> Result<bool, KvError>;
+    async fn set_if_absent(
+        &self,
+        scope: &str,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> Result<bool, KvError>;
     /// Adds `delta` to the integer at `key` (absent = 0, created with `ttl`). Atomic.
     async fn increment(&self, scope: &str, key: &str, delta: i64, ttl: Option<Duration>) -> Result<i64, KvError>;
     /// Removes `key`; `true` when it was live.
@@ -184,8 +189,13 @@ impl PluginKv for MemoryKv {
         })
     }
 
-    async fn set_if_absent(&self, scope: &str, key: &str, value: Vec<u8>, ttl: Option<Duration>)
-    -> Result<bool, KvError> {
+    async fn set_if_absent(
+        &self,
+        scope: &str,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> Result<bool, KvError> {
         self.check_sizes(key, Some(&value))?;
         let k = full_key(scope, key);
         self.with_live(&k, |m, now| {
@@ -201,7 +211,8 @@ impl PluginKv for MemoryKv {
         self.check_sizes(key, None)?;
         let k = full_key(scope, key);
         self.with_live(&k, |m, now| {
-            let entry = m.entry(k.clone()).or_insert_with(|| Entry { value: b"0".to_vec(), expires_at_ms: deadline(now, ttl) });
+            let entry =
+                m.entry(k.clone()).or_insert_with(|| Entry { value: b"0".to_vec(), expires_at_ms: deadline(now, ttl) });
             let current = std::str::from_utf8(&entry.value)
                 .ok()
                 .and_then(|t| t.parse::<i64>().ok())

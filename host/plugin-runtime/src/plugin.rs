@@ -253,7 +253,9 @@ impl Plugin {
         for hook in &hooks {
             let e = |e: wasmtime::Error| wasm_err(&name, &e);
             match hook {
-                Hook::MessagePolicy => indices.message_policy = Some(message_policy::GuestIndices::new(&pre).map_err(e)?),
+                Hook::MessagePolicy => {
+                    indices.message_policy = Some(message_policy::GuestIndices::new(&pre).map_err(e)?)
+                }
                 Hook::AnnouncePolicy => {
                     indices.announce_policy = Some(announce_policy::GuestIndices::new(&pre).map_err(e)?);
                 }
@@ -264,7 +266,8 @@ impl Plugin {
         }
         let tick = deps.config.epoch_tick();
         let deadline = settings.limits.deadline();
-        let epoch_ticks = u64::try_from(deadline.as_nanos().div_ceil(tick.as_nanos())).unwrap_or(u64::MAX).saturating_add(1);
+        let epoch_ticks =
+            u64::try_from(deadline.as_nanos().div_ceil(tick.as_nanos())).unwrap_or(u64::MAX).saturating_add(1);
         let ctx = Arc::new(PluginContext {
             name: Arc::from(name.as_str()),
             config_text: settings.config_text.clone(),
@@ -305,8 +308,7 @@ impl Plugin {
 
     /// A fresh instance; host calls made while instantiating stop at `deadline`.
     async fn instantiate(&self, deadline: Instant) -> Result<Box<Instance>, Failure> {
-        let mut store =
-            Store::new(self.pre.engine(), StoreState::new(self.ctx.clone(), deadline, self.hard_timeout));
+        let mut store = Store::new(self.pre.engine(), StoreState::new(self.ctx.clone(), deadline, self.hard_timeout));
         store.limiter(|s| &mut s.sandbox);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(self.epoch_ticks);
@@ -412,9 +414,13 @@ impl Plugin {
         let missing = || wasmtime::format_err!("the plugin does not export this hook");
         let call = async {
             match input {
-                Input::Message(m) => {
-                    guests.message_policy.as_ref().ok_or_else(missing)?.call_check(&mut *store, m).await.map(Output::Message)
-                }
+                Input::Message(m) => guests
+                    .message_policy
+                    .as_ref()
+                    .ok_or_else(missing)?
+                    .call_check(&mut *store, m)
+                    .await
+                    .map(Output::Message),
                 Input::Announcement(a) => guests
                     .announce_policy
                     .as_ref()
@@ -422,15 +428,27 @@ impl Plugin {
                     .call_check(&mut *store, a)
                     .await
                     .map(Output::Announcement),
-                Input::Route(r) => {
-                    guests.route_key.as_ref().ok_or_else(missing)?.call_route_key(&mut *store, r).await.map(Output::Route)
-                }
-                Input::Health(h) => {
-                    guests.degrade.as_ref().ok_or_else(missing)?.call_choose_tier(&mut *store, *h).await.map(Output::Tier)
-                }
-                Input::Connect(c) => {
-                    guests.connect.as_ref().ok_or_else(missing)?.call_authorize(&mut *store, c).await.map(Output::Connect)
-                }
+                Input::Route(r) => guests
+                    .route_key
+                    .as_ref()
+                    .ok_or_else(missing)?
+                    .call_route_key(&mut *store, r)
+                    .await
+                    .map(Output::Route),
+                Input::Health(h) => guests
+                    .degrade
+                    .as_ref()
+                    .ok_or_else(missing)?
+                    .call_choose_tier(&mut *store, *h)
+                    .await
+                    .map(Output::Tier),
+                Input::Connect(c) => guests
+                    .connect
+                    .as_ref()
+                    .ok_or_else(missing)?
+                    .call_authorize(&mut *store, c)
+                    .await
+                    .map(Output::Connect),
             }
         };
         let result = call.await;

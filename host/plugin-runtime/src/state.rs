@@ -145,16 +145,7 @@ impl StoreState {
             memory_cap: ctx.limits.memory_bytes(),
             table_cap: usize::try_from(ctx.limits.table_elements).unwrap_or(usize::MAX),
         };
-        Self {
-            ctx,
-            wasi,
-            table: ResourceTable::new(),
-            sandbox,
-            host_calls: 0,
-            last_error_log: None,
-            deadline,
-            budget,
-        }
+        Self { ctx, wasi, table: ResourceTable::new(), sandbox, host_calls: 0, last_error_log: None, deadline, budget }
     }
 
     fn count(&mut self) -> wasmtime::Result<()> {
@@ -240,9 +231,13 @@ impl host::Host for StoreState {
 
     async fn rate_limit(&mut self, key: String, per_second: f64, burst: u32) -> wasmtime::Result<types::LimitDecision> {
         self.count()?;
-        match bounded(self.deadline, self.budget, self.ctx.limiter.check(&self.ctx.name, &key, per_second, burst)).await? {
+        match bounded(self.deadline, self.budget, self.ctx.limiter.check(&self.ctx.name, &key, per_second, burst))
+            .await?
+        {
             Limit::Allowed => Ok(types::LimitDecision::Allowed),
-            Limit::RetryAfter(d) => Ok(types::LimitDecision::RetryAfterMs(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+            Limit::RetryAfter(d) => {
+                Ok(types::LimitDecision::RetryAfterMs(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+            }
         }
     }
 
@@ -251,7 +246,12 @@ impl host::Host for StoreState {
         Ok(self.ctx.clock.now_ms())
     }
 
-    async fn log(&mut self, level: types::LogLevel, message: String, fields: Vec<(String, String)>) -> wasmtime::Result<()> {
+    async fn log(
+        &mut self,
+        level: types::LogLevel,
+        message: String,
+        fields: Vec<(String, String)>,
+    ) -> wasmtime::Result<()> {
         use types::LogLevel as L;
         self.count()?;
         let message = truncate(message, 4096);

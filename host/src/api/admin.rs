@@ -51,7 +51,12 @@ pub async fn route(
     let Query(query) = query.map_err(|error| ApiError::bad_request(error.body_text()))?;
     let invalid = |message: String| ApiError::bad_request(message);
     let user = UserId::parse(&query.user).map_err(|error| invalid(error.to_string()))?;
-    let conversation = query.conversation.as_deref().map(ConversationId::parse).transpose().map_err(|error| invalid(error.to_string()))?;
+    let conversation = query
+        .conversation
+        .as_deref()
+        .map(ConversationId::parse)
+        .transpose()
+        .map_err(|error| invalid(error.to_string()))?;
     let command = match query.command.as_deref().unwrap_or("send") {
         "send" => CommandKind::Send,
         "deliver_ack" => CommandKind::DeliverAck,

@@ -32,16 +32,18 @@ pub async fn messages(
 ) -> Result<Json<Value>, ApiError> {
     let user = require_user(&node, &headers)?;
     let Query(page) = page.map_err(|error| ApiError::bad_request(error.body_text()))?;
-    let conversation = ConversationId::parse(&conversation).map_err(|error| ApiError::bad_request(error.to_string()))?;
+    let conversation =
+        ConversationId::parse(&conversation).map_err(|error| ApiError::bad_request(error.to_string()))?;
     node.membership.check_read(&user, &conversation).await.map_err(|refusal| match refusal {
         Refusal::Store(error) => ApiError::unavailable(error),
         other => ApiError::new(StatusCode::FORBIDDEN, "forbidden", other.to_string()),
     })?;
     let limit = page.limit.unwrap_or(100).clamp(1, node.config.delivery.max_page);
-    let stored = node.database.messages_after(&conversation, page.after_seq, limit).await.map_err(ApiError::unavailable)?;
-    let messages: Vec<Value> = stored
-        .iter()
-        .map(|m| serde_json::to_value(wire_message(m)).unwrap_or(Value::Null))
-        .collect();
-    Ok(Json(json!({ "conversation": conversation.as_str(), "messages": messages, "has_more": stored.len() as u32 == limit })))
+    let stored =
+        node.database.messages_after(&conversation, page.after_seq, limit).await.map_err(ApiError::unavailable)?;
+    let messages: Vec<Value> =
+        stored.iter().map(|m| serde_json::to_value(wire_message(m)).unwrap_or(Value::Null)).collect();
+    Ok(Json(
+        json!({ "conversation": conversation.as_str(), "messages": messages, "has_more": stored.len() as u32 == limit }),
+    ))
 }

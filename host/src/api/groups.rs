@@ -33,8 +33,12 @@ fn user_id(raw: &str) -> Result<UserId, ApiError> {
 
 fn store_error(error: StoreError) -> ApiError {
     match error {
-        StoreError::GroupExists(id) => ApiError::new(StatusCode::CONFLICT, "exists", format!("group {id} already exists")),
-        StoreError::NoSuchGroup(id) => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("there is no group {id}")),
+        StoreError::GroupExists(id) => {
+            ApiError::new(StatusCode::CONFLICT, "exists", format!("group {id} already exists"))
+        }
+        StoreError::NoSuchGroup(id) => {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("there is no group {id}"))
+        }
         other => ApiError::unavailable(other),
     }
 }
@@ -61,7 +65,11 @@ pub async fn create(
 }
 
 /// `PUT /v1/groups/{id}/members/{user}` → 204.
-pub async fn add_member(State(node): State<Arc<Node>>, headers: HeaderMap, Path((id, user)): Path<(String, String)>) -> Result<StatusCode, ApiError> {
+pub async fn add_member(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Path((id, user)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
     require_api_key(&node, &headers)?;
     let (id, user) = (group_id(&id)?, user_id(&user)?);
     node.database.add_member(&id, &user, node.clock.now_ms()).await.map_err(store_error)?;
@@ -70,7 +78,11 @@ pub async fn add_member(State(node): State<Arc<Node>>, headers: HeaderMap, Path(
 }
 
 /// `DELETE /v1/groups/{id}/members/{user}` → 204, or 404 when not a member.
-pub async fn remove_member(State(node): State<Arc<Node>>, headers: HeaderMap, Path((id, user)): Path<(String, String)>) -> Result<StatusCode, ApiError> {
+pub async fn remove_member(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Path((id, user)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
     require_api_key(&node, &headers)?;
     let (id, user) = (group_id(&id)?, user_id(&user)?);
     let removed = node.database.remove_member(&id, &user).await.map_err(store_error)?;

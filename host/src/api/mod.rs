@@ -90,8 +90,9 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// Checks the bearer key against `keys` (dev mode also takes `dev-key`); `what` names the
 /// kind of key in the error.
 fn require_key(node: &Node, headers: &HeaderMap, keys: &[String], what: &str) -> Result<(), ApiError> {
-    let key = bearer(headers)
-        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", format!("send Authorization: Bearer <{what}>")))?;
+    let key = bearer(headers).ok_or_else(|| {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", format!("send Authorization: Bearer <{what}>"))
+    })?;
     let known = keys.iter().any(|k| k == key) || (node.config.dev && key == DEV_KEY);
     if known { Ok(()) } else { Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", format!("unknown {what}"))) }
 }
@@ -103,8 +104,11 @@ fn require_api_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// The user a request's token belongs to.
 fn require_user(node: &Node, headers: &HeaderMap) -> Result<UserId, ApiError> {
-    let token = bearer(headers).ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <token>"))?;
-    node.auth.authenticate(token).map_err(|error| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", error.to_string()))
+    let token = bearer(headers)
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <token>"))?;
+    node.auth
+        .authenticate(token)
+        .map_err(|error| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", error.to_string()))
 }
 
 /// Liveness: the process is up and answering.

@@ -71,11 +71,19 @@ pub async fn announce(
             response.headers_mut().insert("retry-after-ms", HeaderValue::from(retry_after_ms));
             Ok(response)
         }
-        AnnounceDecision::Duplicate => Ok((StatusCode::OK, Json(json!({ "duplicate": true, "archived": false }))).into_response()),
+        AnnounceDecision::Duplicate => {
+            Ok((StatusCode::OK, Json(json!({ "duplicate": true, "archived": false }))).into_response())
+        }
         AnnounceDecision::Accept(acceptance) => {
             let stored = node
                 .pipeline
-                .announce(&room, &sender, request.announcement_id.as_deref(), request.content.into_bytes(), acceptance.archive)
+                .announce(
+                    &room,
+                    &sender,
+                    request.announcement_id.as_deref(),
+                    request.content.into_bytes(),
+                    acceptance.archive,
+                )
                 .await
                 .map_err(ApiError::unavailable)?;
             let status = if stored.duplicate { StatusCode::OK } else { StatusCode::ACCEPTED };

@@ -21,7 +21,10 @@ pub struct TokenRequest {
 }
 
 /// `POST /v1/dev/token {"user"}` → `{"token"}`, dev mode only.
-pub async fn dev_token(State(node): State<Arc<Node>>, body: Result<Json<TokenRequest>, axum::extract::rejection::JsonRejection>) -> Result<Json<Value>, ApiError> {
+pub async fn dev_token(
+    State(node): State<Arc<Node>>,
+    body: Result<Json<TokenRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
     if !node.config.dev {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", "dev tokens exist in dev mode only"));
     }
@@ -35,7 +38,11 @@ pub async fn dev_token(State(node): State<Arc<Node>>, body: Result<Json<TokenReq
 }
 
 /// `GET /v1/users/{user}/presence` → online devices and their nodes.
-pub async fn presence(State(node): State<Arc<Node>>, headers: HeaderMap, Path(user): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn presence(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Path(user): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     require_api_key(&node, &headers)?;
     let user = UserId::parse(&user).map_err(|error| ApiError::bad_request(error.to_string()))?;
     let routes = node.routes.devices(&user).await.map_err(ApiError::unavailable)?;

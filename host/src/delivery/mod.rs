@@ -110,7 +110,10 @@ impl Delivery {
             };
             // Connected here, and dropped here within the grace period (they note it as
             // owed, for their device's return).
-            let connected = routes.into_iter().filter(|route| route.node == self.node_id).filter_map(|route| self.connections.get(route.connection));
+            let connected = routes
+                .into_iter()
+                .filter(|route| route.node == self.node_id)
+                .filter_map(|route| self.connections.get(route.connection));
             for connection in connected.chain(self.connections.parked_of(&user)) {
                 if is_own(&connection, &message) {
                     continue;
@@ -130,7 +133,13 @@ impl Delivery {
     }
 
     /// Pushes `message` and arranges for it to be pushed again until acked.
-    fn push_tracked(self: &Arc<Self>, connection: &Arc<Connection>, conversation: &ConversationId, message: v1::Message, attempt: u32) {
+    fn push_tracked(
+        self: &Arc<Self>,
+        connection: &Arc<Connection>,
+        conversation: &ConversationId,
+        message: v1::Message,
+        attempt: u32,
+    ) {
         if connection.push(deliver(message.clone(), attempt)) {
             self.vitals.count_push(attempt);
             self.schedule_retry(Arc::clone(connection), conversation.clone(), message, attempt);
@@ -139,14 +148,23 @@ impl Delivery {
 
     /// Pushes `message` again after the backoff for `attempt` unless acked by then, the
     /// attempts are used up, or the tier sheds retries (the device then syncs).
-    fn schedule_retry(self: &Arc<Self>, connection: Arc<Connection>, conversation: ConversationId, message: v1::Message, attempt: u32) {
+    fn schedule_retry(
+        self: &Arc<Self>,
+        connection: Arc<Connection>,
+        conversation: ConversationId,
+        message: v1::Message,
+        attempt: u32,
+    ) {
         if attempt >= self.config.max_attempts {
             return;
         }
         let delivery = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(backoff(&delivery.config, attempt)).await;
-            if connection.is_closed() || connection.acked_through(&conversation) >= message.seq || !delivery.vitals.tier().retries() {
+            if connection.is_closed()
+                || connection.acked_through(&conversation) >= message.seq
+                || !delivery.vitals.tier().retries()
+            {
                 return;
             }
             metrics::counter!("herald_delivery_redeliveries_total").increment(1);
@@ -192,7 +210,12 @@ pub fn backoff(config: &DeliveryConfig, attempt: u32) -> Duration {
 mod tests {
     #[test]
     fn backoff_doubles_caps_and_jitters_within_bounds() {
-        let config = crate::config::DeliveryConfig { ack_timeout_ms: 2000, backoff_max_ms: 60_000, jitter: 0.3, ..Default::default() };
+        let config = crate::config::DeliveryConfig {
+            ack_timeout_ms: 2000,
+            backoff_max_ms: 60_000,
+            jitter: 0.3,
+            ..Default::default()
+        };
         let base = [2000u64, 4000, 8000, 16_000, 32_000, 60_000, 60_000];
         for (attempt, expected) in (1..).zip(base) {
             for _ in 0..50 {

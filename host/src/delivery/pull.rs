@@ -43,7 +43,11 @@ impl Delivery {
     }
 
     /// Every conversation a device should follow, with its server-side cursor.
-    async fn device_conversations(&self, user: &UserId, device: &DeviceId) -> Result<BTreeMap<ConversationId, u64>, StoreError> {
+    async fn device_conversations(
+        &self,
+        user: &UserId,
+        device: &DeviceId,
+    ) -> Result<BTreeMap<ConversationId, u64>, StoreError> {
         let mut names: BTreeSet<String> = self.database.user_conversations(user).await?.into_iter().collect();
         names.extend(self.database.groups_of(user).await?.into_iter().map(|group| format!("grp:{group}")));
         let cursors = self.database.cursors(user, device).await?;
@@ -80,7 +84,8 @@ impl Delivery {
         let Ok(_permit) = self.backfill_permits.acquire().await else { return };
         let resumed = connection.take_resume();
         let full = resumed.is_none();
-        metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" }).increment(1);
+        metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" })
+            .increment(1);
         let mut positions = match resumed {
             Some(owed) => owed,
             None => match self.device_conversations(&connection.user, &connection.device).await {
@@ -104,7 +109,9 @@ impl Delivery {
                     read_from(&mut positions, conversation.clone(), *lowest);
                 }
                 let complete = owed.is_some();
-                if (full || !complete) && let Ok(now) = self.device_conversations(&connection.user, &connection.device).await {
+                if (full || !complete)
+                    && let Ok(now) = self.device_conversations(&connection.user, &connection.device).await
+                {
                     for (conversation, cursor) in now {
                         positions.entry(conversation).or_insert(cursor);
                     }
@@ -114,14 +121,15 @@ impl Delivery {
                 if connection.is_closed() {
                     return; // gone (or closed by a shutdown): nothing more to push or read
                 }
-                let messages = match self.database.messages_after(conversation, *position, self.config.backfill_limit).await {
-                    Ok(messages) => messages,
-                    Err(error) => {
-                        tracing::warn!(%error, %conversation, "backfill: read failed; the device can sync");
-                        self.vitals.count_error();
-                        continue;
-                    }
-                };
+                let messages =
+                    match self.database.messages_after(conversation, *position, self.config.backfill_limit).await {
+                        Ok(messages) => messages,
+                        Err(error) => {
+                            tracing::warn!(%error, %conversation, "backfill: read failed; the device can sync");
+                            self.vitals.count_error();
+                            continue;
+                        }
+                    };
                 for message in messages {
                     *position = message.seq;
                     if is_own(&connection, &message) || !connection.claim_push(conversation, message.seq) {
@@ -151,7 +159,8 @@ impl Delivery {
         } else {
             let mut wanted = Vec::with_capacity(request.cursors.len());
             for cursor in request.cursors {
-                let conversation = ConversationId::parse(&cursor.conversation).map_err(|e| PullError::Invalid(e.to_string()))?;
+                let conversation =
+                    ConversationId::parse(&cursor.conversation).map_err(|e| PullError::Invalid(e.to_string()))?;
                 wanted.push((conversation, cursor.seq));
             }
             wanted
@@ -185,7 +194,8 @@ impl Delivery {
     /// # Errors
     /// [`PullError`] when the conversation is invalid or not the user's.
     pub async fn history(&self, user: &UserId, request: v1::History) -> Result<v1::HistoryReply, PullError> {
-        let conversation = ConversationId::parse(&request.conversation).map_err(|e| PullError::Invalid(e.to_string()))?;
+        let conversation =
+            ConversationId::parse(&request.conversation).map_err(|e| PullError::Invalid(e.to_string()))?;
         self.membership.check_read(user, &conversation).await?;
         let limit = self.page(request.limit);
         let mut messages = self.database.messages_before(&conversation, request.before_seq, limit + 1).await?;
@@ -193,14 +203,22 @@ impl Delivery {
         if has_more {
             messages.remove(0);
         }
-        Ok(v1::HistoryReply { conversation: conversation.to_string(), messages: messages.iter().map(wire_message).collect(), has_more })
+        Ok(v1::HistoryReply {
+            conversation: conversation.to_string(),
+            messages: messages.iter().map(wire_message).collect(),
+            has_more,
+        })
     }
 
     /// Subscribes the connection to a room, with catch-up from `since_seq` if asked.
     ///
     /// # Errors
     /// [`PullError::Invalid`] when `room` is not a `room:` conversation.
-    pub async fn subscribe(&self, connection: &Connection, request: v1::Subscribe) -> Result<v1::Subscribed, PullError> {
+    pub async fn subscribe(
+        &self,
+        connection: &Connection,
+        request: v1::Subscribe,
+    ) -> Result<v1::Subscribed, PullError> {
         let room = room_of(&request.room)?;
         self.rooms.subscribe(&room, connection.id);
         let latest_seq = self.database.latest_seq(&room).await?;

@@ -108,8 +108,14 @@ mod tests {
 
     #[test]
     fn dev_tokens_only_in_dev_mode() {
-        assert!(matches!(Authenticator::new(Some("x"), false).expect("key").authenticate("dev:bob"), Err(AuthError::DevTokenOutsideDev)));
+        assert!(matches!(
+            Authenticator::new(Some("x"), false).expect("key").authenticate("dev:bob"),
+            Err(AuthError::DevTokenOutsideDev)
+        ));
         assert_eq!(Authenticator::new(None, true).expect("key").authenticate("dev:bob").expect("dev").as_str(), "bob");
-        assert!(matches!(Authenticator::new(None, true).expect("key").authenticate("dev:b b"), Err(AuthError::BadUser(_))));
+        assert!(matches!(
+            Authenticator::new(None, true).expect("key").authenticate("dev:b b"),
+            Err(AuthError::BadUser(_))
+        ));
     }
 }

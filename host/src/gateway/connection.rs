@@ -15,8 +15,8 @@
 //! can never fall between two of them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use herald_proto::v1::{self, Frame};
@@ -518,7 +518,12 @@ mod tests {
 
     fn connection_of(id: ConnectionId) -> Arc<Connection> {
         let (outbox, _) = mpsc::channel(8);
-        Arc::new(Connection::new(id, UserId::parse("bob").expect("user"), DeviceId::parse("phone").expect("device"), outbox))
+        Arc::new(Connection::new(
+            id,
+            UserId::parse("bob").expect("user"),
+            DeviceId::parse("phone").expect("device"),
+            outbox,
+        ))
     }
 
     /// A connection whose backfill is over and that took live pushes.

@@ -172,7 +172,8 @@ async fn attach(
     let parked = node.connections.unpark(&connection.user, &connection.device);
     if let Some(previous) = kicked.or(parked) {
         let resumed = connection.resume_from(&previous);
-        metrics::counter!("herald_gateway_reconnects_total", "resumed" => if resumed { "yes" } else { "no" }).increment(1);
+        metrics::counter!("herald_gateway_reconnects_total", "resumed" => if resumed { "yes" } else { "no" })
+            .increment(1);
     }
     count_connections(node);
     tokio::spawn({

@@ -24,8 +24,8 @@
 //!   its successor, so the invariants above hold across evictions.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -97,7 +97,15 @@ pub struct SeqConfig {
 
 impl Default for SeqConfig {
     fn default() -> Self {
-        Self { min_step: 16, max_step: 8192, segment_lifetime: Duration::from_secs(10), prefetch_at: 0.5, prefetch_segments: 2, prefetch_ahead: Duration::from_millis(50), evict_idle: Duration::from_secs(300) }
+        Self {
+            min_step: 16,
+            max_step: 8192,
+            segment_lifetime: Duration::from_secs(10),
+            prefetch_at: 0.5,
+            prefetch_segments: 2,
+            prefetch_ahead: Duration::from_millis(50),
+            evict_idle: Duration::from_secs(300),
+        }
     }
 }
 
@@ -266,7 +274,6 @@ impl Segments {
         }
         self.started_at = Some(now);
     }
-
 }
 
 /// Seqs left in a segment of `step` when its successor is to be leased.
@@ -300,7 +307,13 @@ fn split(range: SeqRange, step: u64) -> impl Iterator<Item = SeqRange> {
 impl SeqAllocator {
     /// An allocator leasing from `leaser`.
     pub fn new(leaser: Arc<dyn SegmentLeaser>, config: SeqConfig) -> Self {
-        Self { leaser, config, conversations: DashMap::default(), foreground_leases: AtomicU64::new(0), leases: AtomicU64::new(0) }
+        Self {
+            leaser,
+            config,
+            conversations: DashMap::default(),
+            foreground_leases: AtomicU64::new(0),
+            leases: AtomicU64::new(0),
+        }
     }
 
     /// The next seq of `conversation`: above every seq this allocator gave it before, and
@@ -515,7 +528,8 @@ mod tests {
     async fn a_hot_conversation_tops_up_its_prefetch_in_batches_not_a_lease_per_segment() {
         let leaser = Arc::new(MemoryLeaser::default());
         // 10 segments a ms, 20 ms of them kept ahead: 200 segments deep at least.
-        let config = SeqConfig { min_step: 10, max_step: 10, prefetch_ahead: Duration::from_millis(20), ..SeqConfig::default() };
+        let config =
+            SeqConfig { min_step: 10, max_step: 10, prefetch_ahead: Duration::from_millis(20), ..SeqConfig::default() };
         let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
         let room = conversation("room:hot");
         let mut last = 0;
@@ -546,7 +560,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_conversation_held_at_max_step_keeps_enough_ahead_to_ride_out_a_slow_lease() {
         let leaser = Arc::new(MemoryLeaser::default());
-        let config = SeqConfig { min_step: 10, max_step: 10, prefetch_ahead: Duration::from_millis(20), ..SeqConfig::default() };
+        let config =
+            SeqConfig { min_step: 10, max_step: 10, prefetch_ahead: Duration::from_millis(20), ..SeqConfig::default() };
         let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
         let room = conversation("room:hot");
         // Leases are quick at first (0 ms) while the caller uses 10 seqs (a segment) a ms.

@@ -67,7 +67,8 @@ impl Dedup {
     /// Marks that live for `ttl` from when they were taken, at most
     /// `max_marks` of them (the least recently used go first).
     pub fn new(ttl: Duration, max_marks: u64) -> Self {
-        let marks = Cache::builder().max_capacity(max_marks).time_to_live(ttl).eviction_policy(EvictionPolicy::lru()).build();
+        let marks =
+            Cache::builder().max_capacity(max_marks).time_to_live(ttl).eviction_policy(EvictionPolicy::lru()).build();
         Self { marks }
     }
 
@@ -127,7 +128,10 @@ mod tests {
     use super::*;
 
     fn key(n: u32) -> (UserId, ClientMsgId) {
-        (UserId::parse("u").expect("valid"), ClientMsgId::parse(&format!("00000000-0000-4000-8000-{n:012}")).expect("valid"))
+        (
+            UserId::parse("u").expect("valid"),
+            ClientMsgId::parse(&format!("00000000-0000-4000-8000-{n:012}")).expect("valid"),
+        )
     }
 
     #[tokio::test]

@@ -63,8 +63,15 @@ impl Membership {
     ///
     /// # Errors
     /// [`Refusal`] naming the rule broken.
-    pub async fn check_send(&self, user: &UserId, connection: ConnectionId, conversation: &ConversationId) -> Result<(), Refusal> {
-        if matches!(conversation.kind(), ConversationKind::Room(_)) && !self.rooms.is_subscribed(conversation, connection) {
+    pub async fn check_send(
+        &self,
+        user: &UserId,
+        connection: ConnectionId,
+        conversation: &ConversationId,
+    ) -> Result<(), Refusal> {
+        if matches!(conversation.kind(), ConversationKind::Room(_))
+            && !self.rooms.is_subscribed(conversation, connection)
+        {
             return Err(Refusal::NotSubscribed(conversation.to_string()));
         }
         self.check_read(user, conversation).await

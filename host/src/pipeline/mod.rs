@@ -19,13 +19,13 @@ use herald_proto::v1::{self, Frame, send_ack::Status};
 use crate::clock::WallClock;
 use crate::delivery::Delivery;
 use crate::gateway::connection::Connection;
+use crate::health::Vitals;
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
 use crate::model::{ClientMsgId, ConversationId, ConversationKind};
-use crate::health::Vitals;
-use crate::plugins::{Hook, PluginHost};
-use crate::plugins::types::{CommandKind, Message as HookMessage, MessageDecision, RouteRequest};
-use crate::routing::ring::Ring;
 use crate::model::{DeviceId, UserId};
+use crate::plugins::types::{CommandKind, Message as HookMessage, MessageDecision, RouteRequest};
+use crate::plugins::{Hook, PluginHost};
+use crate::routing::ring::Ring;
 use crate::store::group_commit::Ticket;
 use crate::store::{Database, GroupCommitter, Inserted, NewMessage, StoreError, StoredMessage};
 
@@ -135,9 +135,15 @@ impl Pipeline {
             }
             Err(refusal) => return Admission::Done(ack(Status::Rejected, &send, refusal.to_string())),
         }
-        if let Some(owner) = self.send_owner(&connection.user, &conversation).await.filter(|&owner| owner != self.node_id) {
+        if let Some(owner) =
+            self.send_owner(&connection.user, &conversation).await.filter(|&owner| owner != self.node_id)
+        {
             // Only cluster mode has other owners, and it forwards; here the ring is this node.
-            return Admission::Done(ack(Status::Retry, &send, format!("conversation owned by node {owner}, which is not reachable from here")));
+            return Admission::Done(ack(
+                Status::Retry,
+                &send,
+                format!("conversation owned by node {owner}, which is not reachable from here"),
+            ));
         }
         match self.dedup.try_mark(&connection.user, &client_msg_id) {
             Mark::Fresh => {}
@@ -173,7 +179,8 @@ impl Pipeline {
                 MessageDecision::Reject(rejection) => {
                     self.dedup.cancel(&connection.user, &client_msg_id);
                     let mut refused = ack(Status::Rejected, &send, format!("{}: {}", rejection.code, rejection.reason));
-                    refused.retry_after_ms = rejection.retry_after_ms.map_or(0, |ms| u32::try_from(ms).unwrap_or(u32::MAX));
+                    refused.retry_after_ms =
+                        rejection.retry_after_ms.map_or(0, |ms| u32::try_from(ms).unwrap_or(u32::MAX));
                     return Admission::Done(refused);
                 }
             }
@@ -183,11 +190,21 @@ impl Pipeline {
             return cancel("storage unavailable; retry");
         }
         let lane = self.lanes.get(&conversation);
-        let (message, ticket) =
-            match self.enqueue(&lane, &conversation, &connection.user, &connection.device, &client_msg_id, send.kind, body.to_vec()).await {
-                Ok(queued) => queued,
-                Err(reason) => return cancel(reason),
-            };
+        let (message, ticket) = match self
+            .enqueue(
+                &lane,
+                &conversation,
+                &connection.user,
+                &connection.device,
+                &client_msg_id,
+                send.kind,
+                body.to_vec(),
+            )
+            .await
+        {
+            Ok(queued) => queued,
+            Err(reason) => return cancel(reason),
+        };
         let pipeline = Arc::clone(self);
         let connection = Arc::clone(connection);
         Admission::Wait(Box::pin(async move {
@@ -218,7 +235,8 @@ impl Pipeline {
     /// Where `command` of `user` on `conversation` goes: the key (from the route-key hook
     /// or the built-in default) and its owner on the ring.
     pub async fn route(&self, command: CommandKind, user: &UserId, conversation: Option<&ConversationId>) -> Routed {
-        let request = RouteRequest { command, user: user.to_string(), conversation: conversation.map(ToString::to_string) };
+        let request =
+            RouteRequest { command, user: user.to_string(), conversation: conversation.map(ToString::to_string) };
         let key = self.plugins.route_key(&request).await;
         let owner = self.ring.owner(&key);
         Routed { key, owner }
@@ -300,24 +318,30 @@ impl Pipeline {
             return Ok(Announced { message_id, seq: 0, archived: false, duplicate: false });
         }
         let client_msg_id = announcement_client_id(room, announcement_id);
-        let duplicate = |o: &Outcome| Ok(Announced { message_id: o.message_id, seq: o.seq, archived: true, duplicate: true });
+        let duplicate =
+            |o: &Outcome| Ok(Announced { message_id: o.message_id, seq: o.seq, archived: true, duplicate: true });
         match self.dedup.try_mark(sender, &client_msg_id) {
             Mark::Fresh => {}
             Mark::Stored(original) => return duplicate(&original),
-            Mark::InFlight(original) => return await_original(original).await.map_or_else(|reason| Err(reason.into()), |o| duplicate(&o)),
+            Mark::InFlight(original) => {
+                return await_original(original).await.map_or_else(|reason| Err(reason.into()), |o| duplicate(&o));
+            }
         }
         let lane = self.lanes.get(room);
-        let (message, ticket) = match self.enqueue(&lane, room, sender, &device, &client_msg_id, ANNOUNCEMENT_KIND, body).await {
-            Ok(queued) => queued,
-            Err(reason) => {
-                self.dedup.cancel(sender, &client_msg_id);
-                return Err(reason.into());
-            }
-        };
+        let (message, ticket) =
+            match self.enqueue(&lane, room, sender, &device, &client_msg_id, ANNOUNCEMENT_KIND, body).await {
+                Ok(queued) => queued,
+                Err(reason) => {
+                    self.dedup.cancel(sender, &client_msg_id);
+                    return Err(reason.into());
+                }
+            };
         let settled = self.settle(&lane, &message, ticket.wait().await);
         self.release(&lane).await;
         match settled {
-            Settled::Stored(stored) => Ok(Announced { message_id: stored.message_id, seq: stored.seq, archived: true, duplicate: false }),
+            Settled::Stored(stored) => {
+                Ok(Announced { message_id: stored.message_id, seq: stored.seq, archived: true, duplicate: false })
+            }
             Settled::Duplicate(original) => duplicate(&original),
             Settled::Failed => Err("storage failed; retry".into()),
         }
@@ -380,9 +404,11 @@ fn announcement_client_id(room: &ConversationId, announcement_id: Option<&str>) 
         Some(id) => {
             // FNV-1a, twice with different offsets: stable across versions and restarts.
             let fnv = |offset: u64| {
-                room.as_str().bytes().chain([0]).chain(id.bytes()).fold(offset, |hash, byte| {
-                    (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-                })
+                room.as_str()
+                    .bytes()
+                    .chain([0])
+                    .chain(id.bytes())
+                    .fold(offset, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3))
             };
             (u128::from(fnv(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(fnv(0x6c62_272e_07bb_0142))
         }

@@ -34,7 +34,9 @@ impl Plugins {
         for status in &loaded {
             match &status.last_load_error {
                 Some(error) => tracing::warn!(plugin = %status.name, %error, "plugin failed to load"),
-                None => tracing::info!(plugin = %status.name, version = ?status.version, hooks = ?status.hooks, "plugin loaded"),
+                None => {
+                    tracing::info!(plugin = %status.name, version = ?status.version, hooks = ?status.hooks, "plugin loaded")
+                }
             }
         }
         let watcher = match host.watch() {

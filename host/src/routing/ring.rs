@@ -26,7 +26,9 @@ impl Ring {
         members.dedup();
         let mut points: Vec<(u32, u32)> = members
             .iter()
-            .flat_map(|&node| (0..virtual_nodes.max(1)).map(move |i| (crc32fast::hash(format!("{node}#{i}").as_bytes()), node)))
+            .flat_map(|&node| {
+                (0..virtual_nodes.max(1)).map(move |i| (crc32fast::hash(format!("{node}#{i}").as_bytes()), node))
+            })
             .collect();
         // Ties between nodes (rare CRC collisions) go to the lower node id, on every node.
         points.sort_unstable();

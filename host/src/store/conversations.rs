@@ -9,7 +9,11 @@ impl Database {
     ///
     /// # Errors
     /// [`StoreError::Database`] when the write fails.
-    pub async fn add_user_conversation(&self, users: &[&UserId], conversation: &ConversationId) -> Result<(), StoreError> {
+    pub async fn add_user_conversation(
+        &self,
+        users: &[&UserId],
+        conversation: &ConversationId,
+    ) -> Result<(), StoreError> {
         on_backend!(self.writer, |pool, sql| {
             let mut transaction = pool.begin().await?;
             for user in users {

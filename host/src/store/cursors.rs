@@ -62,11 +62,7 @@ impl Database {
     /// [`StoreError::Database`] when the query fails.
     pub async fn cursors(&self, user: &UserId, device: &DeviceId) -> Result<Vec<(String, u64)>, StoreError> {
         let rows: Vec<(String, i64)> = on_backend!(self.reader, |pool, sql| {
-            sqlx::query_as(sql.cursors_of_device)
-                .bind(user.as_str())
-                .bind(device.as_str())
-                .fetch_all(pool)
-                .await?
+            sqlx::query_as(sql.cursors_of_device).bind(user.as_str()).bind(device.as_str()).fetch_all(pool).await?
         });
         rows.into_iter().map(|(conversation, seq)| Ok((conversation, unsigned(seq, "seq")?))).collect()
     }

@@ -135,8 +135,7 @@ impl GroupCommitter {
     /// Call it once nothing submits any more (the server stopped accepting sends).
     pub async fn close(&self) {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-        while self.outstanding.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline
-        {
+        while self.outstanding.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         for handle in std::mem::take(&mut *self.writers.lock().unwrap_or_else(|p| p.into_inner())) {

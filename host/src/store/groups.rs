@@ -76,12 +76,7 @@ impl Database {
     /// [`StoreError::Database`] when the write fails.
     pub async fn remove_member(&self, group: &GroupId, user: &UserId) -> Result<bool, StoreError> {
         let done = on_backend!(self.writer, |pool, sql| {
-            sqlx::query(sql.remove_member)
-                .bind(group.as_str())
-                .bind(user.as_str())
-                .execute(pool)
-                .await?
-                .rows_affected()
+            sqlx::query(sql.remove_member).bind(group.as_str()).bind(user.as_str()).execute(pool).await?.rows_affected()
         });
         Ok(done > 0)
     }
@@ -117,11 +112,7 @@ impl Database {
     /// [`StoreError::Database`] when the query fails.
     pub async fn is_member(&self, group: &GroupId, user: &UserId) -> Result<bool, StoreError> {
         let count: i64 = on_backend!(self.reader, |pool, sql| {
-            sqlx::query_scalar(sql.is_member)
-                .bind(group.as_str())
-                .bind(user.as_str())
-                .fetch_one(pool)
-                .await?
+            sqlx::query_scalar(sql.is_member).bind(group.as_str()).bind(user.as_str()).fetch_one(pool).await?
         });
         Ok(count > 0)
     }

@@ -154,10 +154,7 @@ impl Database {
             .collect()
     }
 
-    async fn insert_batch<'m>(
-        &self,
-        messages: &'m [NewMessage],
-    ) -> Result<Committed, StoreError> {
+    async fn insert_batch<'m>(&self, messages: &'m [NewMessage]) -> Result<Committed, StoreError> {
         if messages.is_empty() {
             return Ok(Committed { results: Vec::new(), sync: None });
         }
@@ -194,7 +191,8 @@ impl Database {
                 // The next statement is built while the database runs this one: `join` polls
                 // the execution first (which hands the statement over), then builds.
                 let execute = insert.build().execute(&mut *transaction);
-                let (done, next) = futures_util::future::join(execute, async { chunks.get(n + 1).map(|c| statement(c)) }).await;
+                let (done, next) =
+                    futures_util::future::join(execute, async { chunks.get(n + 1).map(|c| statement(c)) }).await;
                 let done = done?;
                 if let Some(next) = next {
                     insert = next;
@@ -236,11 +234,9 @@ impl Database {
             // Not settled: the original may be in this very commit, and the caller hears of
             // it only once the commit is durable anyway.
             results.push(match self.find_by_client_id(&m.sender, &m.client_msg_id).await? {
-                Some(original) => Ok(Inserted::Duplicate {
-                    id: original.id,
-                    seq: original.seq,
-                    conversation: original.conversation,
-                }),
+                Some(original) => {
+                    Ok(Inserted::Duplicate { id: original.id, seq: original.seq, conversation: original.conversation })
+                }
                 None => Err(StoreError::Conflict { id: m.id }),
             });
         }

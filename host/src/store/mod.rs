@@ -28,9 +28,7 @@ use std::time::Duration;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::config::{self, StorageConfig};
 use wal_sync::WalSync;
@@ -54,9 +52,7 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
     #[error("applying migrations failed: {0}")]
     Migrate(#[from] MigrateError),
-    #[error(
-        "message {id} was not stored: its (conversation, seq) or id is taken by another message"
-    )]
+    #[error("message {id} was not stored: its (conversation, seq) or id is taken by another message")]
     Conflict { id: u64 },
     #[error("group {0} already exists")]
     GroupExists(String),
@@ -226,10 +222,8 @@ impl Database {
                 if let Some(parent) = options.get_filename().parent()
                     && !parent.as_os_str().is_empty()
                 {
-                    std::fs::create_dir_all(parent).map_err(|source| StoreError::DataDir {
-                        path: parent.display().to_string(),
-                        source,
-                    })?;
+                    std::fs::create_dir_all(parent)
+                        .map_err(|source| StoreError::DataDir { path: parent.display().to_string(), source })?;
                 }
                 // A local file cannot drop a connection the way a server can: pinging each
                 // connection before handing it out only adds a round trip to every query.

@@ -48,7 +48,12 @@ impl Database {
     ///
     /// # Errors
     /// [`StoreError::Database`] when the write fails.
-    pub async fn remove_route(&self, user: &UserId, device: &DeviceId, connection_id: &str) -> Result<bool, StoreError> {
+    pub async fn remove_route(
+        &self,
+        user: &UserId,
+        device: &DeviceId,
+        connection_id: &str,
+    ) -> Result<bool, StoreError> {
         let done = on_backend!(self.writer, |pool, sql| {
             sqlx::query(sql.remove_route)
                 .bind(user.as_str())

@@ -31,7 +31,9 @@ pub struct ScratchDatabase {
 /// Why a scratch database could not be made, with what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum ScratchError {
-    #[error("{backend} is required at {url} but cannot be reached ({source}); start it (scripts/test.sh does) or set {variable}")]
+    #[error(
+        "{backend} is required at {url} but cannot be reached ({source}); start it (scripts/test.sh does) or set {variable}"
+    )]
     Unreachable { backend: &'static str, url: String, variable: &'static str, source: sqlx::Error },
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -68,7 +70,9 @@ impl ScratchDatabase {
     pub async fn drop_database(self) -> Result<(), ScratchError> {
         match self.backend {
             Backend::Sqlite => Ok(()),
-            Backend::MySql => run_admin(self.backend, &self.admin_url, &format!("DROP DATABASE IF EXISTS {}", self.name)).await,
+            Backend::MySql => {
+                run_admin(self.backend, &self.admin_url, &format!("DROP DATABASE IF EXISTS {}", self.name)).await
+            }
             Backend::Postgres => {
                 let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
                 run_admin(self.backend, &self.admin_url, &drop).await
@@ -89,8 +93,18 @@ fn admin_url(backend: Backend) -> String {
 async fn run_admin(backend: Backend, url: &str, statement: &str) -> Result<(), ScratchError> {
     let statement = sqlx::AssertSqlSafe(statement.to_owned());
     let unreachable = |source| match backend {
-        Backend::MySql => ScratchError::Unreachable { backend: "MariaDB/MySQL", url: url.to_owned(), variable: "HERALD_TEST_MYSQL_URL", source },
-        _ => ScratchError::Unreachable { backend: "PostgreSQL", url: url.to_owned(), variable: "HERALD_TEST_POSTGRES_URL", source },
+        Backend::MySql => ScratchError::Unreachable {
+            backend: "MariaDB/MySQL",
+            url: url.to_owned(),
+            variable: "HERALD_TEST_MYSQL_URL",
+            source,
+        },
+        _ => ScratchError::Unreachable {
+            backend: "PostgreSQL",
+            url: url.to_owned(),
+            variable: "HERALD_TEST_POSTGRES_URL",
+            source,
+        },
     };
     match backend {
         Backend::MySql => {
@@ -135,7 +149,10 @@ mod tests {
     #[test]
     fn database_name_is_replaced_keeping_the_rest() {
         assert_eq!(replace_database("mysql://root@127.0.0.1:3306/test", "x"), "mysql://root@127.0.0.1:3306/x");
-        assert_eq!(replace_database("postgres://u:p@h/test?sslmode=disable", "x"), "postgres://u:p@h/x?sslmode=disable");
+        assert_eq!(
+            replace_database("postgres://u:p@h/test?sslmode=disable", "x"),
+            "postgres://u:p@h/x?sslmode=disable"
+        );
         assert_eq!(replace_database("postgres://h", "x"), "postgres://h/x");
     }
 }

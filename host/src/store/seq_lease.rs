@@ -25,10 +25,8 @@ impl Database {
                         .bind(signed(step))
                         .execute(&mut *transaction)
                         .await?;
-                    let high = sqlx::query_scalar(select)
-                        .bind(conversation.as_str())
-                        .fetch_one(&mut *transaction)
-                        .await?;
+                    let high =
+                        sqlx::query_scalar(select).bind(conversation.as_str()).fetch_one(&mut *transaction).await?;
                     transaction.commit().await?;
                     high
                 }
@@ -49,9 +47,8 @@ impl Database {
 #[async_trait]
 impl SegmentLeaser for Database {
     async fn lease(&self, conversation: &ConversationId, step: u64) -> Result<SeqRange, LeaseError> {
-        self.lease_seqs(conversation, step).await.map_err(|error| LeaseError {
-            conversation: conversation.to_string(),
-            reason: error.to_string(),
-        })
+        self.lease_seqs(conversation, step)
+            .await
+            .map_err(|error| LeaseError { conversation: conversation.to_string(), reason: error.to_string() })
     }
 }

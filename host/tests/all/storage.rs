@@ -1,7 +1,6 @@
 //! Storage on every backend: migrations, message inserts (dedup, conflicts, group commit),
 //! reads by seq, cursors, groups and routes.
 
-
 use herald_host::config::GroupCommitConfig;
 use herald_host::model::{ClientMsgId, ConversationId, DeviceId, GroupId, UserId};
 use herald_host::store::cursors::CursorUpdate;
@@ -75,7 +74,8 @@ async fn second_insert_of_same_client_msg_id_returns_original_ids(backend: Backe
     let other = db.database.insert_messages(&[message(300, "dm:alice:bob", 3, "bob", 1)]).await;
     assert_eq!(other[0].as_ref().expect("stored"), &Inserted::New { id: 300, seq: 3 });
 
-    let stored = db.database.messages_after(&ConversationId::parse("dm:alice:bob").expect("valid"), 0, 100).await.expect("read");
+    let stored =
+        db.database.messages_after(&ConversationId::parse("dm:alice:bob").expect("valid"), 0, 100).await.expect("read");
     assert_eq!(stored.iter().map(|m| m.id).collect::<Vec<_>>(), vec![100, 300]);
     db.drop_database().await;
 }
@@ -103,7 +103,8 @@ async fn concurrent_duplicates_through_group_commit_store_one_row(backend: Backe
             Inserted::Duplicate { id: dup_id, seq: dup_seq, .. } => assert_eq!((dup_id, dup_seq), (id, seq)),
         }
     }
-    let stored = db.database.messages_after(&ConversationId::parse("grp:g1").expect("valid"), 0, 100).await.expect("read");
+    let stored =
+        db.database.messages_after(&ConversationId::parse("grp:g1").expect("valid"), 0, 100).await.expect("read");
     assert_eq!(stored.len(), 1);
     committer.close().await;
     db.drop_database().await;
@@ -139,7 +140,8 @@ async fn seq_conflict_fails_only_its_own_row(backend: Backend) {
     db.database.insert_messages(&[message(1, "room:r", 5, "dave", 1)]).await[0].as_ref().expect("stored");
     // Row 2 reuses (room:r, 5) with a new client_msg_id: a reissued seq, which must never be
     // stored, and must not take the batch's other rows down with it.
-    let batch = [message(2, "room:r", 5, "dave", 2), message(3, "room:r", 6, "dave", 3), message(4, "room:r", 7, "erin", 4)];
+    let batch =
+        [message(2, "room:r", 5, "dave", 2), message(3, "room:r", 6, "dave", 3), message(4, "room:r", 7, "erin", 4)];
     let results = db.database.insert_messages(&batch).await;
     assert!(matches!(results[0], Err(StoreError::Conflict { id: 2 })), "{:?}", results[0]);
     assert_eq!(results[1].as_ref().expect("stored"), &Inserted::New { id: 3, seq: 6 });
@@ -150,7 +152,8 @@ async fn seq_conflict_fails_only_its_own_row(backend: Backend) {
 async fn messages_read_back_in_seq_order(backend: Backend) {
     let db = migrated(backend).await;
     let conversation = ConversationId::parse("dm:x:y").expect("valid");
-    let batch: Vec<_> = [9u64, 3, 7, 1, 5].iter().map(|&seq| message(100 + seq, "dm:x:y", seq, "x", seq as u32)).collect();
+    let batch: Vec<_> =
+        [9u64, 3, 7, 1, 5].iter().map(|&seq| message(100 + seq, "dm:x:y", seq, "x", seq as u32)).collect();
     for result in db.database.insert_messages(&batch).await {
         result.expect("stored");
     }
@@ -164,8 +167,14 @@ async fn messages_read_back_in_seq_order(backend: Backend) {
 
     let original = &batch[0];
     let read = db.database.messages_after(&conversation, 8, 1).await.expect("read").remove(0);
-    assert_eq!((read.id, read.kind, &read.body, read.sent_at_ms), (original.id, 7, &original.body, original.sent_at_ms));
-    assert_eq!((read.sender.as_str(), read.sender_device.as_str(), read.client_msg_id.as_str()), ("x", "phone", original.client_msg_id.as_str()));
+    assert_eq!(
+        (read.id, read.kind, &read.body, read.sent_at_ms),
+        (original.id, 7, &original.body, original.sent_at_ms)
+    );
+    assert_eq!(
+        (read.sender.as_str(), read.sender_device.as_str(), read.client_msg_id.as_str()),
+        ("x", "phone", original.client_msg_id.as_str())
+    );
     db.drop_database().await;
 }
 
@@ -180,7 +189,10 @@ async fn cursors_only_move_forward(backend: Backend) {
         seq,
     };
     // One batch, with two acks of the same conversation: the higher wins.
-    db.database.advance_cursors(&[update("dm:u1:u2", 4), update("dm:u1:u2", 9), update("grp:g", 2)]).await.expect("write");
+    db.database
+        .advance_cursors(&[update("dm:u1:u2", 4), update("dm:u1:u2", 9), update("grp:g", 2)])
+        .await
+        .expect("write");
     db.database.advance_cursors(&[update("dm:u1:u2", 3), update("grp:g", 5)]).await.expect("write");
     let cursors = db.database.cursors(&user, &device).await.expect("read");
     assert_eq!(cursors, vec![("dm:u1:u2".to_owned(), 9), ("grp:g".to_owned(), 5)]);
@@ -206,7 +218,10 @@ async fn groups_and_members(backend: Backend) {
     assert!(matches!(db.database.create_group(&group, &[], 2).await, Err(StoreError::GroupExists(_))));
     db.database.add_member(&group, &user("cy"), 3).await.expect("added");
     db.database.add_member(&group, &user("cy"), 4).await.expect("adding twice is fine");
-    assert_eq!(db.database.group_members(&group).await.expect("read"), Some(vec!["al".into(), "bo".into(), "cy".into()]));
+    assert_eq!(
+        db.database.group_members(&group).await.expect("read"),
+        Some(vec!["al".into(), "bo".into(), "cy".into()])
+    );
     assert!(db.database.is_member(&group, &user("al")).await.expect("read"));
     assert!(db.database.remove_member(&group, &user("al")).await.expect("removed"));
     assert!(!db.database.remove_member(&group, &user("al")).await.expect("already gone"));
@@ -233,8 +248,10 @@ async fn routes_replace_and_remove_by_connection(backend: Backend) {
     db.database.upsert_route(&user, &phone, 3, "c-3", 12).await.expect("write");
     assert!(!db.database.remove_route(&user, &phone, "c-1").await.expect("write"));
     let routes = db.database.routes_of(&user).await.expect("read");
-    assert_eq!(routes.iter().map(|r| (r.device.as_str(), r.node_id, r.connection_id.as_str())).collect::<Vec<_>>(),
-        vec![("laptop", 2, "c-2"), ("phone", 3, "c-3")]);
+    assert_eq!(
+        routes.iter().map(|r| (r.device.as_str(), r.node_id, r.connection_id.as_str())).collect::<Vec<_>>(),
+        vec![("laptop", 2, "c-2"), ("phone", 3, "c-3")]
+    );
     assert_eq!(db.database.drop_node_routes(2).await.expect("write"), 1);
     assert!(db.database.remove_route(&user, &phone, "c-3").await.expect("write"));
     assert!(db.database.routes_of(&user).await.expect("read").is_empty());
@@ -244,9 +261,10 @@ async fn routes_replace_and_remove_by_connection(backend: Backend) {
 /// An in-memory SQLite database has no WAL to sync: its inserts must not fail for want of one.
 #[tokio::test]
 async fn an_in_memory_sqlite_database_stores_and_reads_messages() {
-    let database = herald_host::store::Database::connect("sqlite::memory:", &herald_host::config::StorageConfig::default())
-        .await
-        .expect("connect");
+    let database =
+        herald_host::store::Database::connect("sqlite::memory:", &herald_host::config::StorageConfig::default())
+            .await
+            .expect("connect");
     database.migrate().await.expect("migrate");
     let stored = database.insert_messages(&[message(1, "dm:a:b", 1, "a", 1)]).await;
     assert_eq!(stored[0].as_ref().expect("stored"), &Inserted::New { id: 1, seq: 1 });

@@ -15,7 +15,8 @@ pub struct TestDb {
 impl TestDb {
     pub async fn new(backend: Backend) -> Self {
         let scratch = ScratchDatabase::create(backend, "herald_t").await.unwrap_or_else(|error| panic!("{error}"));
-        let database = Database::connect(&scratch.url, &StorageConfig::default()).await.expect("connect to the test database");
+        let database =
+            Database::connect(&scratch.url, &StorageConfig::default()).await.expect("connect to the test database");
         Self { database, scratch }
     }
 

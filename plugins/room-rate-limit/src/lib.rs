@@ -165,9 +165,8 @@ mod tests {
 
     #[test]
     fn one_sender_is_paced_separately_from_the_room() {
-        let host = FakeHost::new().with_config(
-            "[[rules]]\npattern = \"room:*\"\nroom_interval_ms = 0\nsender_interval_ms = 100\n",
-        );
+        let host = FakeHost::new()
+            .with_config("[[rules]]\npattern = \"room:*\"\nroom_interval_ms = 0\nsender_interval_ms = 100\n");
         assert_eq!(send("alice", "room:lobby"), MessageDecision::Allow);
         assert_eq!(send("bob", "room:lobby"), MessageDecision::Allow);
         assert_eq!(retry_after(&send("alice", "room:lobby")), Some(100));

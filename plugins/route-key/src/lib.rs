@@ -68,7 +68,10 @@ herald_sdk::export_plugin!(ShardRouteKey, hooks: [route_key]);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use herald_sdk::{testkit::{self, FakeHost}, types::CommandKind};
+    use herald_sdk::{
+        testkit::{self, FakeHost},
+        types::CommandKind,
+    };
 
     fn key(command: CommandKind, conversation: Option<&str>) -> Option<String> {
         ShardRouteKey::route_key(testkit::route_request(command, "alice", conversation))
@@ -94,8 +97,8 @@ mod tests {
 
     #[test]
     fn the_layout_comes_from_config() {
-        let _host = FakeHost::new()
-            .with_config("prefix = \"grp:\"\nseparator = \".\"\nshard = \"*\"\nkey_prefix = \"realm/\"");
+        let _host =
+            FakeHost::new().with_config("prefix = \"grp:\"\nseparator = \".\"\nshard = \"*\"\nkey_prefix = \"realm/\"");
         assert_eq!(key(CommandKind::Send, Some("grp:eu.guild-7")).as_deref(), Some("realm/eu"));
         assert_eq!(key(CommandKind::Send, Some("room:s1-lobby")), None);
     }

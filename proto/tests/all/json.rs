@@ -48,13 +48,7 @@ fn encoding_uses_status_names_and_string_64_bit_integers() {
         (v1::send_ack::Status::Rejected, "REJECTED"),
         (v1::send_ack::Status::Retry, "RETRY"),
     ] {
-        let frame = v1::Frame::new(
-            0,
-            v1::SendAck {
-                status: status.into(),
-                ..Default::default()
-            },
-        );
+        let frame = v1::Frame::new(0, v1::SendAck { status: status.into(), ..Default::default() });
         let text = encode_json(&frame).expect("encodes");
         assert_eq!(text, format!(r#"{{"sendAck":{{"status":"{name}"}}}}"#));
     }
@@ -78,13 +72,7 @@ fn bytes_travel_as_base64() {
 
 #[test]
 fn integers_are_accepted_as_numbers_or_strings() {
-    let expected = v1::Frame::new(
-        3,
-        v1::DeliverAck {
-            conversation: "grp:g".into(),
-            seq: 12,
-        },
-    );
+    let expected = v1::Frame::new(3, v1::DeliverAck { conversation: "grp:g".into(), seq: 12 });
     for text in [
         r#"{"rid":3,"deliverAck":{"conversation":"grp:g","seq":12}}"#,
         r#"{"rid":"3","deliverAck":{"conversation":"grp:g","seq":"12"}}"#,
@@ -104,11 +92,8 @@ fn status_is_accepted_as_a_number() {
 
 #[test]
 fn unknown_fields_and_status_names_are_ignored_for_forward_compatibility() {
-    let frame = decode(
-        r#"{"rid":1,"futureField":[1,{"a":2}],"ping":{"timeMs":"5","extra":true}}"#,
-        Encoding::Json,
-    )
-    .expect("decodes");
+    let frame = decode(r#"{"rid":1,"futureField":[1,{"a":2}],"ping":{"timeMs":"5","extra":true}}"#, Encoding::Json)
+        .expect("decodes");
     assert_eq!(frame, v1::Frame::new(1, v1::Ping { time_ms: 5 }));
 
     let frame = decode(r#"{"sendAck":{"status":"DEFERRED"}}"#, Encoding::Json).expect("decodes");
@@ -122,44 +107,16 @@ fn unknown_fields_and_status_names_are_ignored_for_forward_compatibility() {
 /// fields only, and refuses it for plain scalars (a known pbjson limitation).
 #[test]
 fn null_means_unset_for_optional_and_message_fields() {
-    let frame = decode(
-        r#"{"rid":1,"subscribe":{"room":"room:lobby","sinceSeq":null}}"#,
-        Encoding::Json,
-    )
-    .expect("decodes");
-    assert_eq!(
-        frame,
-        v1::Frame::new(
-            1,
-            v1::Subscribe {
-                room: "room:lobby".into(),
-                since_seq: None
-            }
-        )
-    );
     let frame =
-        decode(r#"{"connect":{"token":"t","client":null}}"#, Encoding::Json).expect("decodes");
-    assert_eq!(
-        frame,
-        v1::Frame::new(
-            0,
-            v1::Connect {
-                token: "t".into(),
-                ..Default::default()
-            }
-        )
-    );
+        decode(r#"{"rid":1,"subscribe":{"room":"room:lobby","sinceSeq":null}}"#, Encoding::Json).expect("decodes");
+    assert_eq!(frame, v1::Frame::new(1, v1::Subscribe { room: "room:lobby".into(), since_seq: None }));
+    let frame = decode(r#"{"connect":{"token":"t","client":null}}"#, Encoding::Json).expect("decodes");
+    assert_eq!(frame, v1::Frame::new(0, v1::Connect { token: "t".into(), ..Default::default() }));
 }
 
 #[test]
 fn an_unnamed_enum_value_cannot_be_written_as_json() {
-    let frame = v1::Frame::new(
-        0,
-        v1::SendAck {
-            status: 99,
-            ..Default::default()
-        },
-    );
+    let frame = v1::Frame::new(0, v1::SendAck { status: 99, ..Default::default() });
     assert!(matches!(encode_json(&frame), Err(EncodeError::Json(_))));
     assert!(!encode_proto(&frame).is_empty());
 }

@@ -44,10 +44,7 @@ fn samples() -> Vec<v1::Frame> {
             Connect {
                 token: "dev:alice".into(),
                 device_id: "phone@1".into(),
-                client: Some(ClientInfo {
-                    name: "herald-sdk-rust".into(),
-                    version: "0.1.0".into(),
-                }),
+                client: Some(ClientInfo { name: "herald-sdk-rust".into(), version: "0.1.0".into() }),
             },
         ),
         Frame::new(
@@ -82,32 +79,14 @@ fn samples() -> Vec<v1::Frame> {
                 retry_after_ms: 250,
             },
         ),
-        Frame::new(
-            0,
-            Deliver {
-                message: Some(message(9)),
-                attempt: 2,
-            },
-        ),
-        Frame::new(
-            3,
-            DeliverAck {
-                conversation: "grp:team-7".into(),
-                seq: BIG,
-            },
-        ),
+        Frame::new(0, Deliver { message: Some(message(9)), attempt: 2 }),
+        Frame::new(3, DeliverAck { conversation: "grp:team-7".into(), seq: BIG }),
         Frame::new(
             4,
             Sync {
                 cursors: vec![
-                    Cursor {
-                        conversation: "grp:team-7".into(),
-                        seq: BIG,
-                    },
-                    Cursor {
-                        conversation: "dm:alice:bob".into(),
-                        seq: 1,
-                    },
+                    Cursor { conversation: "grp:team-7".into(), seq: BIG },
+                    Cursor { conversation: "dm:alice:bob".into(), seq: 1 },
                 ],
                 limit: 100,
             },
@@ -123,81 +102,24 @@ fn samples() -> Vec<v1::Frame> {
                 }],
             },
         ),
+        Frame::new(5, History { conversation: "room:lobby".into(), before_seq: BIG, limit: 50 }),
         Frame::new(
             5,
-            History {
-                conversation: "room:lobby".into(),
-                before_seq: BIG,
-                limit: 50,
-            },
+            HistoryReply { conversation: "room:lobby".into(), messages: vec![message(3), message(4)], has_more: true },
         ),
-        Frame::new(
-            5,
-            HistoryReply {
-                conversation: "room:lobby".into(),
-                messages: vec![message(3), message(4)],
-                has_more: true,
-            },
-        ),
-        Frame::new(
-            6,
-            Subscribe {
-                room: "room:lobby".into(),
-                since_seq: Some(BIG),
-            },
-        ),
+        Frame::new(6, Subscribe { room: "room:lobby".into(), since_seq: Some(BIG) }),
         // `since_seq` set to zero is not the same as unset: it asks for the whole history.
-        Frame::new(
-            6,
-            Subscribe {
-                room: "room:lobby".into(),
-                since_seq: Some(0),
-            },
-        ),
-        Frame::new(
-            6,
-            Subscribe {
-                room: "room:lobby".into(),
-                since_seq: None,
-            },
-        ),
-        Frame::new(
-            7,
-            Unsubscribe {
-                room: "room:lobby".into(),
-            },
-        ),
-        Frame::new(
-            6,
-            Subscribed {
-                room: "room:lobby".into(),
-                latest_seq: BIG,
-                messages: vec![message(BIG)],
-            },
-        ),
-        Frame::new(
-            0,
-            SyncHint {
-                conversation: "grp:team-7".into(),
-                latest_seq: BIG,
-            },
-        ),
+        Frame::new(6, Subscribe { room: "room:lobby".into(), since_seq: Some(0) }),
+        Frame::new(6, Subscribe { room: "room:lobby".into(), since_seq: None }),
+        Frame::new(7, Unsubscribe { room: "room:lobby".into() }),
+        Frame::new(6, Subscribed { room: "room:lobby".into(), latest_seq: BIG, messages: vec![message(BIG)] }),
+        Frame::new(0, SyncHint { conversation: "grp:team-7".into(), latest_seq: BIG }),
         Frame::new(8, Ping { time_ms: BIG }),
         Frame::new(8, Pong { time_ms: BIG }),
+        Frame::new(0, GoAway { reason: "draining for upgrade".into(), reconnect_after_ms: 1_500 }),
         Frame::new(
             0,
-            GoAway {
-                reason: "draining for upgrade".into(),
-                reconnect_after_ms: 1_500,
-            },
-        ),
-        Frame::new(
-            0,
-            Error {
-                code: "not_a_member".into(),
-                message: "you are not a member of grp:team-7".into(),
-                rid: 9,
-            },
+            Error { code: "not_a_member".into(), message: "you are not a member of grp:team-7".into(), rid: 9 },
         ),
     ]
 }

@@ -7,34 +7,15 @@ use proptest::prelude::*;
 use crate::{decode, encode};
 
 fn send_frame() -> impl Strategy<Value = v1::Frame> {
-    (
-        any::<u32>(),
-        any::<String>(),
-        any::<String>(),
-        any::<u32>(),
-        proptest::collection::vec(any::<u8>(), 0..256),
-    )
+    (any::<u32>(), any::<String>(), any::<String>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 0..256))
         .prop_map(|(rid, client_msg_id, conversation, kind, body)| {
-            v1::Frame::new(
-                rid,
-                v1::Send {
-                    client_msg_id,
-                    conversation,
-                    kind,
-                    body: Bytes::from(body),
-                },
-            )
+            v1::Frame::new(rid, v1::Send { client_msg_id, conversation, kind, body: Bytes::from(body) })
         })
 }
 
 fn deliver_frame() -> impl Strategy<Value = v1::Frame> {
-    (
-        any::<[u64; 3]>(),
-        any::<u32>(),
-        any::<String>(),
-        proptest::collection::vec(any::<u8>(), 0..64),
-    )
-        .prop_map(|([id, seq, sent_at_ms], attempt, sender, body)| {
+    (any::<[u64; 3]>(), any::<u32>(), any::<String>(), proptest::collection::vec(any::<u8>(), 0..64)).prop_map(
+        |([id, seq, sent_at_ms], attempt, sender, body)| {
             v1::Frame::new(
                 0,
                 v1::Deliver {
@@ -51,7 +32,8 @@ fn deliver_frame() -> impl Strategy<Value = v1::Frame> {
                     attempt,
                 },
             )
-        })
+        },
+    )
 }
 
 proptest! {

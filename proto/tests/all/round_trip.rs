@@ -10,10 +10,8 @@ use crate::{BIG, decode, encode, samples};
 
 #[test]
 fn samples_cover_every_body_type() {
-    let names: BTreeSet<_> = samples()
-        .iter()
-        .map(|frame| frame.body.as_ref().expect("samples have bodies").name())
-        .collect();
+    let names: BTreeSet<_> =
+        samples().iter().map(|frame| frame.body.as_ref().expect("samples have bodies").name()).collect();
     assert_eq!(names.len(), 18, "{names:?}");
 }
 
@@ -49,17 +47,9 @@ fn json_writes_64_bit_integers_as_strings() {
 fn unset_since_seq_stays_unset_and_zero_stays_set() {
     for encoding in [Encoding::Proto, Encoding::Json] {
         for since_seq in [None, Some(0), Some(BIG)] {
-            let frame = v1::Frame::new(
-                1,
-                v1::Subscribe {
-                    room: "room:lobby".into(),
-                    since_seq,
-                },
-            );
+            let frame = v1::Frame::new(1, v1::Subscribe { room: "room:lobby".into(), since_seq });
             let Some(v1::frame::Body::Subscribe(subscribe)) =
-                decode(encode(&frame, encoding), encoding)
-                    .expect("decodes")
-                    .body
+                decode(encode(&frame, encoding), encoding).expect("decodes").body
             else {
                 panic!("not a subscribe");
             };
@@ -70,19 +60,10 @@ fn unset_since_seq_stays_unset_and_zero_stays_set() {
 
 #[test]
 fn protobuf_bytes_fields_share_the_input_buffer() {
-    let frame = v1::Frame::new(
-        1,
-        v1::Send {
-            body: Bytes::from(vec![7u8; 4096]),
-            ..Default::default()
-        },
-    );
+    let frame = v1::Frame::new(1, v1::Send { body: Bytes::from(vec![7u8; 4096]), ..Default::default() });
     let input = Bytes::from(frame.encode_to_vec());
     let range = input.as_ptr_range();
-    let Some(v1::frame::Body::Send(send)) = decode(input.clone(), Encoding::Proto)
-        .expect("decodes")
-        .body
-    else {
+    let Some(v1::frame::Body::Send(send)) = decode(input.clone(), Encoding::Proto).expect("decodes").body else {
         panic!("not a send");
     };
     assert!(range.contains(&send.body.as_ptr()), "body was copied");
@@ -91,9 +72,6 @@ fn protobuf_bytes_fields_share_the_input_buffer() {
 #[test]
 fn frame_new_accepts_a_body_or_a_message() {
     let ping = v1::Ping { time_ms: 5 };
-    assert_eq!(
-        v1::Frame::new(3, ping),
-        v1::Frame::new(3, v1::frame::Body::Ping(ping))
-    );
+    assert_eq!(v1::Frame::new(3, ping), v1::Frame::new(3, v1::frame::Body::Ping(ping)));
     assert_eq!(v1::frame::Body::from(ping).name(), "ping");
 }

@@ -36,7 +36,10 @@ async fn a_manifest_claiming_other_hooks_than_exported_is_refused() {
     install(t.path(), "echo-v1", "echo", Some(r#"hooks = ["message-policy", "degrade"]"#));
     t.load().await;
     let error = t.status("echo").last_load_error.unwrap_or_default();
-    assert!(error.contains("claims hooks [message-policy, degrade]") && error.contains("exports [message-policy]"), "{error}");
+    assert!(
+        error.contains("claims hooks [message-policy, degrade]") && error.contains("exports [message-policy]"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -76,7 +76,10 @@ impl Browser {
                 }
             }
             if let Some(Ok(Some(status))) = browser_child.0.as_mut().map(Child::try_wait) {
-                panic!("Chromium exited with {status} before opening DevTools\n{}", chromium_log(&root.path().join("chromium.log")));
+                panic!(
+                    "Chromium exited with {status} before opening DevTools\n{}",
+                    chromium_log(&root.path().join("chromium.log"))
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -125,13 +128,9 @@ impl Browser {
     pub async fn open(&mut self, url: &str, label: &str) -> Page {
         let context = self.call(None, "Target.createBrowserContext", json!({})).await;
         let context = context["browserContextId"].as_str().expect("browserContextId").to_owned();
-        let target = self
-            .call(None, "Target.createTarget", json!({ "url": url, "browserContextId": context }))
-            .await;
+        let target = self.call(None, "Target.createTarget", json!({ "url": url, "browserContextId": context })).await;
         let target = target["targetId"].as_str().expect("targetId").to_owned();
-        let attached = self
-            .call(None, "Target.attachToTarget", json!({ "targetId": target, "flatten": true }))
-            .await;
+        let attached = self.call(None, "Target.attachToTarget", json!({ "targetId": target, "flatten": true })).await;
         let session = attached["sessionId"].as_str().expect("sessionId").to_owned();
         Page { session, label: label.to_owned() }
     }
@@ -178,7 +177,10 @@ impl Browser {
             }
             if Instant::now() > deadline {
                 let log = self
-                    .eval(page, "document.getElementById('log') ? document.getElementById('log').innerText : '(no #log)'")
+                    .eval(
+                        page,
+                        "document.getElementById('log') ? document.getElementById('log').innerText : '(no #log)'",
+                    )
                     .await
                     .unwrap_or_default();
                 let messages = self

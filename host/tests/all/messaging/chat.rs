@@ -133,7 +133,11 @@ async fn same_client_msg_id_100_times_is_stored_once_with_the_same_ids() {
         alice.send_with(&client_msg_id, &conversation, 1, b"once").await;
         let again = alice.ack_of(&client_msg_id).await;
         assert_eq!(again.status(), Status::Duplicate, "send #{attempt}: {again:?}");
-        assert_eq!((again.message_id, again.seq), (first.message_id, first.seq), "send #{attempt} returns the original ids");
+        assert_eq!(
+            (again.message_id, again.seq),
+            (first.message_id, first.seq),
+            "send #{attempt} returns the original ids"
+        );
     }
 
     // All at once: still nothing new (RETRY would mean "resend", which the loop does).

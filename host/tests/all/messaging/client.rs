@@ -104,14 +104,12 @@ impl Client {
         let opened = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request)).await;
         let (ws, response) = match opened {
             Ok(Ok(pair)) => pair,
-            Ok(Err(error)) => panic!("WebSocket handshake with {} failed: {error}\n{}", herald.ws_url(), herald.log_tail()),
+            Ok(Err(error)) => {
+                panic!("WebSocket handshake with {} failed: {error}\n{}", herald.ws_url(), herald.log_tail())
+            }
             Err(_) => panic!("WebSocket handshake with {} timed out\n{}", herald.ws_url(), herald.log_tail()),
         };
-        let chosen = response
-            .headers()
-            .get("sec-websocket-protocol")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let chosen = response.headers().get("sec-websocket-protocol").and_then(|v| v.to_str().ok()).map(str::to_owned);
         let client = Self {
             ws,
             encoding: Encoding::Proto,
@@ -238,11 +236,21 @@ impl Client {
             let limits = DecodeLimits { max_frame_bytes: 64 << 20, ..DecodeLimits::default() };
             let frame = match message {
                 Message::Binary(bytes) => {
-                    assert_eq!(self.encoding, Encoding::Proto, "{}: the server sent a binary message on a JSON connection", self.label);
+                    assert_eq!(
+                        self.encoding,
+                        Encoding::Proto,
+                        "{}: the server sent a binary message on a JSON connection",
+                        self.label
+                    );
                     decode_frame(bytes, Encoding::Proto, &limits)
                 }
                 Message::Text(text) => {
-                    assert_eq!(self.encoding, Encoding::Json, "{}: the server sent a text message on a protobuf connection", self.label);
+                    assert_eq!(
+                        self.encoding,
+                        Encoding::Json,
+                        "{}: the server sent a text message on a protobuf connection",
+                        self.label
+                    );
                     self.raw_texts.push(text.as_str().to_owned());
                     decode_frame(Bytes::copy_from_slice(text.as_bytes()), Encoding::Json, &limits)
                 }
@@ -252,14 +260,17 @@ impl Client {
                 }
                 Message::Close(frame) => {
                     self.closed = Some(match frame {
-                        Some(frame) => Closed { code: Some(u16::from(frame.code)), reason: frame.reason.as_str().to_owned() },
+                        Some(frame) => {
+                            Closed { code: Some(u16::from(frame.code)), reason: frame.reason.as_str().to_owned() }
+                        }
                         None => Closed { code: None, reason: "close frame without a code".into() },
                     });
                     continue;
                 }
                 Message::Pong(_) | Message::Frame(_) => continue,
             };
-            let frame = frame.unwrap_or_else(|error| panic!("{}: the server sent an undecodable frame: {error}", self.label));
+            let frame =
+                frame.unwrap_or_else(|error| panic!("{}: the server sent an undecodable frame: {error}", self.label));
             if let Some(Body::Ping(ping)) = &frame.body {
                 if self.answer_pings {
                     let rid = frame.rid;
@@ -332,7 +343,10 @@ impl Client {
     pub async fn reply<T>(&mut self, rid: u32, what: &str, mut pick: impl FnMut(&Body) -> Option<T>) -> T {
         match self.try_reply(rid, what, &mut pick).await {
             Ok(found) => found,
-            Err(error) => panic!("{}", self.failure(&format!("{what} (rid {rid}) failed: error {:?}: {}", error.code, error.message))),
+            Err(error) => panic!(
+                "{}",
+                self.failure(&format!("{what} (rid {rid}) failed: error {:?}: {}", error.code, error.message))
+            ),
         }
     }
 
@@ -418,7 +432,9 @@ impl Client {
     pub async fn deliver_in(&mut self, conversation: &str) -> v1::Deliver {
         let what = format!("a deliver in {conversation}");
         self.wait_for(&what, WAIT, |frame| match &frame.body {
-            Some(Body::Deliver(deliver)) if deliver.message.as_ref().is_some_and(|m| m.conversation == conversation) => {
+            Some(Body::Deliver(deliver))
+                if deliver.message.as_ref().is_some_and(|m| m.conversation == conversation) =>
+            {
                 Some(deliver.clone())
             }
             _ => None,
@@ -430,7 +446,9 @@ impl Client {
     pub async fn deliver_of(&mut self, id: u64) -> v1::Deliver {
         let what = format!("a deliver of message {id}");
         self.wait_for(&what, WAIT, |frame| match &frame.body {
-            Some(Body::Deliver(deliver)) if deliver.message.as_ref().is_some_and(|m| m.id == id) => Some(deliver.clone()),
+            Some(Body::Deliver(deliver)) if deliver.message.as_ref().is_some_and(|m| m.id == id) => {
+                Some(deliver.clone())
+            }
             _ => None,
         })
         .await
@@ -565,7 +583,10 @@ impl Client {
                 Ok(frame) => self.stash.push_back(frame),
                 Err(WaitError::Closed(closed)) => return closed,
                 Err(WaitError::Timeout) => {
-                    panic!("{}", self.failure(&format!("expected the server to close the connection within {timeout:?}")))
+                    panic!(
+                        "{}",
+                        self.failure(&format!("expected the server to close the connection within {timeout:?}"))
+                    )
                 }
             }
         }
@@ -574,7 +595,12 @@ impl Client {
     /// Asserts the server closes the connection with `code`.
     pub async fn expect_close_code(&mut self, code: u16, why: &str) -> Closed {
         let closed = self.expect_closed(WAIT).await;
-        assert_eq!(closed.code, Some(code), "{}", self.failure(&format!("{why}: expected close {code}, got {closed:?}")));
+        assert_eq!(
+            closed.code,
+            Some(code),
+            "{}",
+            self.failure(&format!("{why}: expected close {code}, got {closed:?}"))
+        );
         closed
     }
 
@@ -589,7 +615,9 @@ impl Client {
                 Ok(frame) if bad(&frame) => panic!("{}", self.failure(&format!("{what}: got {}", describe(&frame)))),
                 Ok(frame) => self.stash.push_back(frame),
                 Err(WaitError::Timeout) => return,
-                Err(WaitError::Closed(closed)) => panic!("{}", self.failure(&format!("{what}: the connection closed: {closed:?}"))),
+                Err(WaitError::Closed(closed)) => {
+                    panic!("{}", self.failure(&format!("{what}: the connection closed: {closed:?}")))
+                }
             }
         }
     }

@@ -6,8 +6,8 @@ use std::time::Duration;
 use herald_proto::v1::frame::Body;
 
 use super::client::Client;
-use super::server::Herald;
 use super::dm;
+use super::server::Herald;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_device_of_both_users_gets_the_message() {
@@ -21,7 +21,10 @@ async fn every_device_of_both_users_gets_the_message() {
     let ack = alice_laptop.send_ok(&conversation, "to every device").await;
     for device in [&mut bob_phone, &mut bob_tablet, &mut alice_phone] {
         let message = device.deliver_of(ack.message_id).await.message.expect("message");
-        assert_eq!((message.seq, message.sender.as_str(), message.sender_device.as_str()), (ack.seq, "alice", "laptop"));
+        assert_eq!(
+            (message.seq, message.sender.as_str(), message.sender_device.as_str()),
+            (ack.seq, "alice", "laptop")
+        );
         assert_eq!(message.body.as_ref(), b"to every device");
         device.deliver_ack(&conversation, message.seq).await;
     }

@@ -30,9 +30,18 @@ fn index_of(message: &v1::Message) -> usize {
 
 /// Checks history holds each acked message with its ids, and no message twice; returns the
 /// history by index.
-fn check_history(history: &[v1::Message], acked: &HashMap<usize, v1::SendAck>, when: &str) -> HashMap<usize, v1::Message> {
+fn check_history(
+    history: &[v1::Message],
+    acked: &HashMap<usize, v1::SendAck>,
+    when: &str,
+) -> HashMap<usize, v1::Message> {
     for pair in history.windows(2) {
-        assert!(pair[0].seq < pair[1].seq, "{when}: history ascends strictly by seq: {} then {}", pair[0].seq, pair[1].seq);
+        assert!(
+            pair[0].seq < pair[1].seq,
+            "{when}: history ascends strictly by seq: {} then {}",
+            pair[0].seq,
+            pair[1].seq
+        );
     }
     let mut by_index: HashMap<usize, v1::Message> = HashMap::new();
     for message in history {
@@ -46,7 +55,11 @@ fn check_history(history: &[v1::Message], acked: &HashMap<usize, v1::SendAck>, w
     assert!(missing.is_empty(), "{when}: messages acked OK but lost: {missing:?}");
     for (i, ack) in acked {
         let stored = &by_index[i];
-        assert_eq!((stored.id, stored.seq), (ack.message_id, ack.seq), "{when}: message {i} keeps the ids its ack gave");
+        assert_eq!(
+            (stored.id, stored.seq),
+            (ack.message_id, ack.seq),
+            "{when}: message {i} keeps the ids its ack gave"
+        );
     }
     by_index
 }

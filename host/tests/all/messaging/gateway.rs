@@ -47,7 +47,8 @@ async fn bad_or_expired_tokens_close_with_4001() {
     let herald = Herald::with().set("GATEWAY__JWT_SECRET", secret()).start().await;
     refused(&herald, "not-a-jwt", "garbage token").await;
     refused(&herald, "", "empty token").await;
-    refused(&herald, &token::valid(b"some-other-secret-entirely-000000", "alice"), "JWT signed with another secret").await;
+    refused(&herald, &token::valid(b"some-other-secret-entirely-000000", "alice"), "JWT signed with another secret")
+        .await;
     let expired = json!({ "sub": "alice", "iat": now_s() - 7200, "exp": now_s() - 3600 });
     refused(&herald, &token::sign(SECRET, &expired), "expired JWT").await;
     let not_yet = json!({ "sub": "alice", "nbf": now_s() + 3600, "exp": now_s() + 7200 });
@@ -65,15 +66,15 @@ async fn without_dev_mode_dev_tokens_and_the_dev_key_are_refused() {
     let herald = Herald::with().production().set("GATEWAY__JWT_SECRET", secret()).start().await;
     refused(&herald, "dev:alice", "dev: token without --dev").await;
     let mut client = Client::open(&herald, Encoding::Proto).await;
-    client.login(&token::valid(SECRET, "alice"), "phone").await.unwrap_or_else(|why| panic!("a valid JWT still works: {why}"));
+    client
+        .login(&token::valid(SECRET, "alice"), "phone")
+        .await
+        .unwrap_or_else(|why| panic!("a valid JWT still works: {why}"));
 
     let token = herald.post("/v1/dev/token", None, &json!({ "user": "alice" })).await;
     assert!(!token.is_success(), "POST /v1/dev/token must not work without --dev: {token:?}");
     let group = herald.post("/v1/groups", Some(DEV_KEY), &json!({ "id": "team", "members": ["alice"] })).await;
-    assert!(
-        group.status == 401 || group.status == 403,
-        "dev-key must not be an api key without --dev: {group:?}"
-    );
+    assert!(group.status == 401 || group.status == 403, "dev-key must not be an api key without --dev: {group:?}");
     group.error_code();
 }
 

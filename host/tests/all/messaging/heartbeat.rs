@@ -36,7 +36,9 @@ async fn a_client_that_answers_pings_stays_connected() {
     let herald = herald().await;
     let mut alice = Client::connect(&herald, "alice", "laptop").await;
     // Ten intervals of nothing but pongs (the client answers pings while reading).
-    alice.assert_quiet(Duration::from_millis(10 * HEARTBEAT_MS), "an answering client stays connected", |_| false).await;
+    alice
+        .assert_quiet(Duration::from_millis(10 * HEARTBEAT_MS), "an answering client stays connected", |_| false)
+        .await;
     assert!(alice.server_pings.len() >= 3, "pings kept coming: {}", alice.server_pings.len());
     // (bob connects only now: a client that does not read cannot answer pings.)
     let mut bob = Client::connect(&herald, "bob", "phone").await;

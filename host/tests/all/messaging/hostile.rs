@@ -17,7 +17,9 @@ use super::server::Herald;
 const HOSTILE_MANIFEST: &str = include_str!("../../../plugin-runtime/tests/guests/hostile/plugin.toml");
 
 fn guest(krate: &str) -> PathBuf {
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugin-guests/wasm32-wasip2/release").join(format!("{krate}.wasm"));
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/plugin-guests/wasm32-wasip2/release")
+        .join(format!("{krate}.wasm"));
     assert!(
         built.exists(),
         "test guest {krate} is not built at {}; scripts/test.sh builds it (cargo build --release --target wasm32-wasip2 --manifest-path host/plugin-runtime/tests/guests/Cargo.toml with CARGO_TARGET_DIR=target/plugin-guests)",
@@ -58,7 +60,12 @@ async fn hostile_plugins_cost_only_their_own_calls_and_show_in_admin() {
     let mut alice = Client::connect(&herald, "alice", "laptop").await;
     let mut bob = Client::connect(&herald, "bob", "phone").await;
     let conversation = "dm:alice:bob";
-    let cases = [("loop", "deadline of 200 ms"), ("grow", "memory limit"), ("panic", "panics on purpose"), ("spin-host", "host-call limit")];
+    let cases = [
+        ("loop", "deadline of 200 ms"),
+        ("grow", "memory limit"),
+        ("panic", "panics on purpose"),
+        ("spin-host", "host-call limit"),
+    ];
     for (failures, (body, why)) in (1..).zip(cases) {
         // Alice's send runs the misbehaving path while Bob keeps sending.
         let hostile = tokio::spawn(async move {

@@ -105,7 +105,10 @@ async fn presence_lists_online_devices_until_they_leave() {
     let presence = herald.get("/v1/users/alice/presence", Some(DEV_KEY)).await;
     assert_eq!(presence.status, 200, "{presence:?}");
     presence.json();
-    assert!(presence.body.contains("alpha-laptop-device") && presence.body.contains("beta-phone-device"), "{presence:?}");
+    assert!(
+        presence.body.contains("alpha-laptop-device") && presence.body.contains("beta-phone-device"),
+        "{presence:?}"
+    );
 
     let anonymous = herald.get("/v1/users/alice/presence", None).await;
     assert!(anonymous.status == 401 || anonymous.status == 403, "presence needs the api key: {anonymous:?}");
@@ -173,7 +176,11 @@ async fn metrics_cluster_and_health_describe_the_node() {
 
     let metrics = herald.get("/metrics", None).await;
     assert_eq!(metrics.status, 200);
-    assert!(metrics.body.contains("herald_store_batch_rows"), "Prometheus text with Herald's metrics: {}", metrics.body);
+    assert!(
+        metrics.body.contains("herald_store_batch_rows"),
+        "Prometheus text with Herald's metrics: {}",
+        metrics.body
+    );
 
     let cluster = herald.get("/admin/cluster", Some("dev-key")).await;
     assert_eq!(cluster.status, 200, "{}", cluster.body);

@@ -26,7 +26,8 @@ fn install(names: &[&str]) -> tempfile::TempDir {
             panic!("plugin {name} is not built; run scripts/test.sh (it runs cargo build --manifest-path plugins/Cargo.toml --target wasm32-wasip2)")
         });
         std::fs::copy(&built, dir.path().join(format!("{name}.wasm"))).expect("copy plugin");
-        std::fs::copy(root.join(name).join("plugin.toml"), dir.path().join(format!("{name}.toml"))).expect("copy manifest");
+        std::fs::copy(root.join(name).join("plugin.toml"), dir.path().join(format!("{name}.toml")))
+            .expect("copy manifest");
     }
     dir
 }
@@ -61,7 +62,10 @@ async fn room_rate_limit_rejects_a_second_message_within_the_room_interval() {
     alice.subscribe("room:arena", None).await;
     alice.send_ok("room:arena", "first").await;
     let reason = alice.send_rejected("room:arena", "too soon").await;
-    assert!(reason.to_lowercase().contains("rate") || reason.contains("interval"), "rejected as rate limited: {reason}");
+    assert!(
+        reason.to_lowercase().contains("rate") || reason.contains("interval"),
+        "rejected as rate limited: {reason}"
+    );
     // Direct messages are not covered by the room rules.
     alice.send_ok("dm:alice:bob", "dm 1").await;
     alice.send_ok("dm:alice:bob", "dm 2").await;
@@ -118,7 +122,15 @@ async fn announcements_are_paced_per_room_archived_and_accepted_once() {
         rooms.push(tokio::spawn(async move {
             let mut accepted = Vec::new();
             for n in 0..10 {
-                accepted.push(announce_until_accepted(&herald, &format!("r{room}"), &format!("a{room}-{n}"), &format!("news {n}")).await);
+                accepted.push(
+                    announce_until_accepted(
+                        &herald,
+                        &format!("r{room}"),
+                        &format!("a{room}-{n}"),
+                        &format!("news {n}"),
+                    )
+                    .await,
+                );
             }
             accepted
         }));
@@ -134,7 +146,8 @@ async fn announcements_are_paced_per_room_archived_and_accepted_once() {
     // Archived: a subscriber arriving afterwards catches up on all ten, paced apart.
     let mut late = Client::connect(&herald, "late", "phone").await;
     let caught_up = late.subscribe("room:r7", Some(0)).await;
-    let contents: Vec<String> = caught_up.messages.iter().map(|m| String::from_utf8_lossy(&m.body).into_owned()).collect();
+    let contents: Vec<String> =
+        caught_up.messages.iter().map(|m| String::from_utf8_lossy(&m.body).into_owned()).collect();
     assert_eq!(contents, (0..10).map(|n| format!("news {n}")).collect::<Vec<_>>());
     for pair in caught_up.messages.windows(2) {
         let gap = pair[1].sent_at_ms.saturating_sub(pair[0].sent_at_ms);
@@ -143,7 +156,12 @@ async fn announcements_are_paced_per_room_archived_and_accepted_once() {
 
     // The same announcement id is accepted once.
     let again = post_announcement(&herald, "r7", &json!({ "content": "news 0", "announcement_id": "a7-0" })).await;
-    assert!(again.status == 200 || again.status == 409, "a repeated announcement id: HTTP {} {}", again.status, again.body);
+    assert!(
+        again.status == 200 || again.status == 409,
+        "a repeated announcement id: HTTP {} {}",
+        again.status,
+        again.body
+    );
     let history = late.subscribe("room:r7", Some(0)).await;
     assert_eq!(history.messages.len(), 10, "nothing stored twice");
 
@@ -168,7 +186,10 @@ async fn await_tier(herald: &Herald, wanted: &str) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("tier never became {wanted}; /admin/health says {}", herald.get("/admin/health", Some("dev-key")).await.body);
+    panic!(
+        "tier never became {wanted}; /admin/health says {}",
+        herald.get("/admin/health", Some("dev-key")).await.body
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,7 +197,8 @@ async fn degrade_tiers_turns_push_into_sync_hints_past_its_threshold_and_back() 
     let dir = install(&["degrade-tiers"]);
     // Pull-only from three open connections; no hold, so it steps down at once.
     configure(&dir, "degrade-tiers", "hold_ms = 0\n[config.pull_only]\nconnections = 3\n");
-    let herald = Herald::with().set("PLUGINS", dir.path().display()).set("DELIVERY__DEGRADE_INTERVAL_MS", 50).start().await;
+    let herald =
+        Herald::with().set("PLUGINS", dir.path().display()).set("DELIVERY__DEGRADE_INTERVAL_MS", 50).start().await;
     let conversation = "dm:alice:bob";
     let mut alice = Client::connect(&herald, "alice", "laptop").await;
     let mut bob = Client::connect(&herald, "bob", "phone").await;
@@ -195,10 +217,13 @@ async fn degrade_tiers_turns_push_into_sync_hints_past_its_threshold_and_back() 
         })
         .await;
     assert_eq!((hint.conversation.as_str(), hint.latest_seq), (conversation, during.seq));
-    bob.assert_quiet(Duration::from_millis(300), "no deliver while pull-only", |frame| matches!(frame.body, Some(Body::Deliver(_))))
-        .await;
+    bob.assert_quiet(Duration::from_millis(300), "no deliver while pull-only", |frame| {
+        matches!(frame.body, Some(Body::Deliver(_)))
+    })
+    .await;
     let pulled = bob.sync(&[(conversation, before.seq)], 0).await;
-    let bodies: Vec<&[u8]> = pulled.conversations.iter().flat_map(|c| c.messages.iter()).map(|m| m.body.as_ref()).collect();
+    let bodies: Vec<&[u8]> =
+        pulled.conversations.iter().flat_map(|c| c.messages.iter()).map(|m| m.body.as_ref()).collect();
     assert_eq!(bodies, vec![b"hinted".as_slice()], "the hinted message is there to pull");
 
     carol.close().await;
@@ -213,15 +238,21 @@ async fn degrade_tiers_turns_push_into_sync_hints_past_its_threshold_and_back() 
 async fn degrade_tiers_no_backfill_leaves_a_connecting_device_to_sync() {
     let dir = install(&["degrade-tiers"]);
     configure(&dir, "degrade-tiers", "hold_ms = 0\n[config.no_backfill]\nconnections = 1\n");
-    let herald = Herald::with().set("PLUGINS", dir.path().display()).set("DELIVERY__DEGRADE_INTERVAL_MS", 50).start().await;
+    let herald =
+        Herald::with().set("PLUGINS", dir.path().display()).set("DELIVERY__DEGRADE_INTERVAL_MS", 50).start().await;
     let mut alice = Client::connect(&herald, "alice", "laptop").await;
     let sent = alice.send_ok("dm:alice:bob", "while bob was away").await;
     await_tier(&herald, "no-backfill").await;
     let mut bob = Client::connect(&herald, "bob", "phone").await;
-    bob.assert_quiet(Duration::from_millis(500), "no backfill push in no-backfill", |frame| matches!(frame.body, Some(Body::Deliver(_))))
-        .await;
+    bob.assert_quiet(Duration::from_millis(500), "no backfill push in no-backfill", |frame| {
+        matches!(frame.body, Some(Body::Deliver(_)))
+    })
+    .await;
     let pulled = bob.sync(&[], 0).await;
-    assert!(pulled.conversations.iter().flat_map(|c| c.messages.iter()).any(|m| m.id == sent.message_id), "sync has it: {pulled:?}");
+    assert!(
+        pulled.conversations.iter().flat_map(|c| c.messages.iter()).any(|m| m.id == sent.message_id),
+        "sync has it: {pulled:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

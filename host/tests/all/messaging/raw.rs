@@ -171,7 +171,9 @@ impl RawSocket {
         let mut before = Vec::new();
         loop {
             match self.next(deadline).await {
-                event @ (Event::Close(..) | Event::Ended(_) | Event::Timeout) => return (event, start.elapsed(), before),
+                event @ (Event::Close(..) | Event::Ended(_) | Event::Timeout) => {
+                    return (event, start.elapsed(), before);
+                }
                 event => before.push(event),
             }
         }

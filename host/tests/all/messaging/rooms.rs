@@ -4,8 +4,8 @@
 use herald_proto::v1::{self, frame::Body};
 
 use super::client::Client;
-use super::server::Herald;
 use super::dm;
+use super::server::Herald;
 
 const ROOM: &str = "room:lobby";
 
@@ -68,7 +68,10 @@ async fn subscribers_get_room_messages_live_and_late_joiners_catch_up() {
     }
     // History pages the room too.
     let history = erin.whole_history(ROOM).await;
-    assert_eq!(history.iter().map(|m| m.id).collect::<Vec<_>>(), vec![first.message_id, second.message_id, third.message_id]);
+    assert_eq!(
+        history.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![first.message_id, second.message_id, third.message_id]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -77,7 +77,9 @@ async fn a_slow_consumer_is_closed_with_4008_while_others_see_no_stall() {
         closed.code,
         Some(4008),
         "{}",
-        slow.failure(&format!("after {sent} messages of 32 KiB the slow consumer must be closed with 4008, got {closed:?}"))
+        slow.failure(&format!(
+            "after {sent} messages of 32 KiB the slow consumer must be closed with 4008, got {closed:?}"
+        ))
     );
 
     stop.store(true, Ordering::Relaxed);

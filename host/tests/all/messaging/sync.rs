@@ -68,14 +68,16 @@ async fn sync_with_no_cursors_returns_what_this_device_lacks() {
     // server-side cursor is where it was).
     let mut bob = Client::connect(&herald, "bob", "phone").await;
     let reply = bob.sync(&[], 0).await;
-    let first = entry(&reply, &conversation).unwrap_or_else(|| panic!("sync with no cursors lists {conversation}: {reply:?}"));
+    let first =
+        entry(&reply, &conversation).unwrap_or_else(|| panic!("sync with no cursors lists {conversation}: {reply:?}"));
     let mut pulled = first.messages.clone();
     let mut through = first.complete_through_seq;
     assert_eq!(first.latest_seq, last, "latest_seq is the conversation's newest seq");
     // The server's default limit may be small: keep pulling from complete_through_seq.
     while through < last {
         let more = bob.sync(&[(&conversation, through)], 0).await;
-        let next = entry(&more, &conversation).unwrap_or_else(|| panic!("sync after {through} lists {conversation}: {more:?}"));
+        let next = entry(&more, &conversation)
+            .unwrap_or_else(|| panic!("sync after {through} lists {conversation}: {more:?}"));
         assert!(next.complete_through_seq > through, "complete_through_seq moves forward: {more:?}");
         pulled.extend(next.messages.iter().cloned());
         through = next.complete_through_seq;
@@ -99,7 +101,8 @@ async fn sync_with_no_cursors_returns_what_this_device_lacks() {
 
     // An explicit cursor is honoured whatever the server-side one says.
     let reply = bob.sync(&[(&conversation, acks[9].seq)], 0).await;
-    let tail = entry(&reply, &conversation).unwrap_or_else(|| panic!("sync after seq {} lists {conversation}: {reply:?}", acks[9].seq));
+    let tail = entry(&reply, &conversation)
+        .unwrap_or_else(|| panic!("sync after seq {} lists {conversation}: {reply:?}", acks[9].seq));
     assert_same_messages(&tail.messages, &acks[10..], "sync from an explicit cursor");
 }
 
@@ -114,14 +117,22 @@ async fn sync_limit_pages_with_complete_through_seq() {
     let mut cursor = 0;
     for (page, range) in [(0..5), (5..10), (10..12)].into_iter().enumerate() {
         let reply = bob.sync(&[(&conversation, cursor)], 5).await;
-        let got = entry(&reply, &conversation).unwrap_or_else(|| panic!("page {page}: {conversation} missing: {reply:?}"));
+        let got =
+            entry(&reply, &conversation).unwrap_or_else(|| panic!("page {page}: {conversation} missing: {reply:?}"));
         assert_same_messages(&got.messages, &acks[range.clone()], &format!("sync page {page} (limit 5)"));
         assert_eq!(got.latest_seq, acks[11].seq, "latest_seq");
         let through = got.complete_through_seq;
         let last_returned = acks[range.end - 1].seq;
-        assert!(through >= last_returned, "page {page}: complete_through_seq {through} < last returned seq {last_returned}");
+        assert!(
+            through >= last_returned,
+            "page {page}: complete_through_seq {through} < last returned seq {last_returned}"
+        );
         if let Some(next) = acks.get(range.end) {
-            assert!(through < next.seq, "page {page}: complete_through_seq {through} claims seq {} it did not return", next.seq);
+            assert!(
+                through < next.seq,
+                "page {page}: complete_through_seq {through} claims seq {} it did not return",
+                next.seq
+            );
         }
         cursor = through;
     }

@@ -8,8 +8,8 @@ use herald_proto::v1::frame::Body;
 use herald_proto::v1::send_ack::Status;
 
 use super::client::Client;
-use super::server::Herald;
 use super::dm;
+use super::server::Herald;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_violations_are_rejected_and_deliver_nothing() {
@@ -88,7 +88,11 @@ async fn malformed_conversations_and_ids_are_rejected_with_a_reason() {
     // The connection is still fine, and nothing was stored in the dm.
     let ack = alice.send_ok(&dm("alice", "bob"), "valid").await;
     let history = alice.whole_history(&dm("alice", "bob")).await;
-    assert_eq!(history.iter().map(|m| m.id).collect::<Vec<_>>(), vec![ack.message_id], "only the valid message is stored");
+    assert_eq!(
+        history.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![ack.message_id],
+        "only the valid message is stored"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,6 +120,8 @@ async fn invalid_user_or_device_ids_are_not_connected_nor_altered() {
     // Anything the server sent to the refused ones aside, the valid client is quiet.
     let mut client = client;
     client
-        .assert_quiet(Duration::from_millis(200), "no error on a valid login", |f| matches!(f.body, Some(Body::Error(_))))
+        .assert_quiet(Duration::from_millis(200), "no error on a valid login", |f| {
+            matches!(f.body, Some(Body::Error(_)))
+        })
         .await;
 }

@@ -25,7 +25,8 @@ async fn type_into(browser: &mut Browser, page: &Page, id: &str, value: &str) {
 
 /// Clicks `#id` once it is enabled.
 async fn click(browser: &mut Browser, page: &Page, id: &str) {
-    let enabled = format!("(() => {{ const el = document.getElementById({0}); return !!el && !el.disabled; }})()", js_string(id));
+    let enabled =
+        format!("(() => {{ const el = document.getElementById({0}); return !!el && !el.disabled; }})()", js_string(id));
     browser.wait_until(page, &enabled, &format!("#{id} to be enabled"), PAGE_WAIT).await;
     browser.run(page, &format!("document.getElementById({}).click(), true", js_string(id))).await;
 }
@@ -79,7 +80,11 @@ async fn two_browser_pages_exchange_messages() {
     let herald = Herald::start().await;
     let index = herald.get("/", None).await;
     assert_eq!(index.status, 200, "GET / serves the web chat in dev mode: {index:?}");
-    assert!(index.header("content-type").is_some_and(|t| t.contains("text/html")), "GET / is HTML: {:?}", index.headers);
+    assert!(
+        index.header("content-type").is_some_and(|t| t.contains("text/html")),
+        "GET / is HTML: {:?}",
+        index.headers
+    );
 
     let mut browser = Browser::launch().await;
     let alice = log_in(&mut browser, &herald, "alice").await;

@@ -1,7 +1,10 @@
 //! `echo`: one KV read per message (the benchmark's plugin). Body `version?` is answered
 //! with a rewrite to the crate's name (`echo-v1` / `echo-v2`), so hot-reload tests can tell
 //! which version answered.
-use herald_sdk::{MessagePolicy, kv, types::{Message, MessageDecision}};
+use herald_sdk::{
+    MessagePolicy, kv,
+    types::{Message, MessageDecision},
+};
 
 const VERSION: &str = env!("CARGO_PKG_NAME");
 

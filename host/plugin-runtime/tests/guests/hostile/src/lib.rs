@@ -1,6 +1,9 @@
 //! `hostile`: misbehaves on request. The message body picks the failure; anything else is
 //! allowed, so tests can show that other calls keep working.
-use herald_sdk::{MessagePolicy, clock, types::{Message, MessageDecision}};
+use herald_sdk::{
+    MessagePolicy, clock,
+    types::{Message, MessageDecision},
+};
 use std::hint::black_box;
 
 struct Hostile;

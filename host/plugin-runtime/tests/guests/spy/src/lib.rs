@@ -1,5 +1,8 @@
 //! `spy`: a message policy that imports an interface the host does not provide.
-use herald_sdk::{MessagePolicy, types::{Message, MessageDecision}};
+use herald_sdk::{
+    MessagePolicy,
+    types::{Message, MessageDecision},
+};
 
 mod spy {
     wit_bindgen::generate!({
