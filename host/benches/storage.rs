@@ -136,16 +136,11 @@ async fn renewals() {
         let (mut calls, mut over_1ms) = (0u64, 0u64);
         // Each call over 1 ms, with how long this thread waited for a CPU in the window of
         // 1000 calls around it (read between calls, never inside a timed one).
-        let run_queue = RunQueueWait::of_this_thread();
-        let (mut window_began, mut slow_in_window, mut slow) = (run_queue.now(), Vec::new(), Vec::new());
+        let mut slow = SlowCalls::of_this_thread();
         while started.elapsed() < RUN {
             calls += 1;
             if calls % 1000 == 0 {
-                let now = run_queue.now();
-                for took in slow_in_window.drain(..) {
-                    slow.push((took, now.zip(window_began).map(|(now, began)| Duration::from_nanos(now - began))));
-                }
-                window_began = now;
+                slow.end_window();
             }
             if per_ms.is_some_and(|per_ms| calls % per_ms == 0) {
                 tick.tick().await;
@@ -156,17 +151,11 @@ async fn renewals() {
             latencies.saturating_record(took.as_nanos() as u64);
             if took > Duration::from_millis(1) {
                 over_1ms += 1;
-                slow_in_window.push(took);
+                slow.push(took);
             }
             assert!(seq > last, "seqs must increase");
             last = seq;
         }
-        let now = run_queue.now();
-        slow.extend(
-            slow_in_window
-                .drain(..)
-                .map(|took| (took, now.zip(window_began).map(|(now, began)| Duration::from_nanos(now - began)))),
-        );
         println!(
             "renewals ({label}): first seq (first lease) {:.3} ms; then {calls} seqs in {:.1} s ({} segments of 1000 in {} leases, {} waited for), per call p50 {} ns, p99 {} ns, p99.99 {} ns, worst {:.3} ms, {over_1ms} calls over 1 ms (target: worst < 1 ms)",
             first.as_secs_f64() * 1e3,
@@ -179,7 +168,7 @@ async fn renewals() {
             latencies.value_at_quantile(0.9999),
             latencies.max() as f64 / 1e6,
         );
-        for (took, waited) in slow {
+        for (took, waited) in slow.finish() {
             let waited = waited.map_or("unknown".to_owned(), |w| format!("{:.3} ms", w.as_secs_f64() * 1e3));
             println!(
                 "  a call took {:.3} ms; this thread waited for a CPU {waited} in those 1000 calls",
@@ -281,20 +270,49 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
     bench.close().await;
 }
 
-/// How long this thread has been runnable but waiting for a CPU (the second field of
-/// Linux's `/proc/thread-self/schedstat`, in ns): time the scheduler gave the core to
-/// another thread or process. `None` where the kernel does not keep it.
-struct RunQueueWait(Option<std::fs::File>);
+/// A thread's calls over 1 ms, each with how long the thread was runnable but waiting for
+/// a CPU (time the scheduler gave the core to another thread or process) in the window of
+/// calls around it: slow calls are noted as they come and given their window's wait when
+/// it ends.
+struct SlowCalls {
+    schedstat: Option<std::fs::File>,
+    window_began: Option<u64>,
+    in_window: Vec<Duration>,
+    /// Each slow call, and how long the thread waited for a CPU in its window.
+    noted: Vec<(Duration, Option<Duration>)>,
+}
 
-impl RunQueueWait {
+impl SlowCalls {
     fn of_this_thread() -> Self {
-        Self(std::fs::File::open("/proc/thread-self/schedstat").ok())
+        let schedstat = std::fs::File::open("/proc/thread-self/schedstat").ok();
+        let mut calls = Self { schedstat, window_began: None, in_window: Vec::new(), noted: Vec::new() };
+        calls.window_began = calls.run_queue_wait();
+        calls
     }
 
-    fn now(&self) -> Option<u64> {
+    fn push(&mut self, took: Duration) {
+        self.in_window.push(took);
+    }
+
+    /// Closes the window: its slow calls get its wait, and a new one begins.
+    fn end_window(&mut self) {
+        let now = self.run_queue_wait();
+        let waited = now.zip(self.window_began).map(|(now, began)| Duration::from_nanos(now - began));
+        self.noted.extend(self.in_window.drain(..).map(|took| (took, waited)));
+        self.window_began = now;
+    }
+
+    fn finish(mut self) -> Vec<(Duration, Option<Duration>)> {
+        self.end_window();
+        self.noted
+    }
+
+    /// The second field of Linux's `/proc/thread-self/schedstat`, in ns; `None` where the
+    /// kernel does not keep it.
+    fn run_queue_wait(&self) -> Option<u64> {
         use std::os::unix::fs::FileExt;
         let mut text = [0u8; 128];
-        let read = self.0.as_ref()?.read_at(&mut text, 0).ok()?;
+        let read = self.schedstat.as_ref()?.read_at(&mut text, 0).ok()?;
         std::str::from_utf8(&text[..read]).ok()?.split_whitespace().nth(1)?.parse().ok()
     }
 }
