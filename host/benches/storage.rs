@@ -20,6 +20,9 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports its figures on stdout")]
 
+#[path = "../tests/scratch/mod.rs"]
+mod scratch;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,9 +30,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use herald_host::config::{GroupCommitConfig, SqliteSynchronous, StorageConfig};
 use herald_host::ids::{SeqAllocator, SeqConfig, SnowflakeGenerator};
-use herald_host::model::{ClientMsgId, ConversationId, DeviceId, UserId};
-use herald_host::store::scratch::ScratchDatabase;
-use herald_host::store::{Backend, Database, GroupCommitter, NewMessage};
+use herald_host::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
+use herald_host::store::{Backend, Database, GroupCommitter, MessageWriter, SeqLeases};
+use scratch::ScratchDatabase;
 
 const RUN: Duration = Duration::from_secs(10);
 /// Sends in flight at once (a loaded node has thousands).
@@ -181,7 +184,7 @@ async fn renewals() {
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(3) {
         let call = Instant::now();
-        database.lease_seqs(&conversation, 1000).await.expect("lease");
+        database.lease(&conversation, 1000).await.expect("lease");
         leases.saturating_record(call.elapsed().as_micros() as u64);
     }
     println!(
@@ -203,7 +206,7 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
     let stop = Arc::new(AtomicBool::new(false));
     let stored = Arc::new(AtomicU64::new(0));
     let device = DeviceId::parse("bench").expect("valid");
-    let body = vec![b'x'; 120]; // with ids and names the row is ~200 bytes
+    let body = bytes::Bytes::from(vec![b'x'; 120]); // with ids and names the row is ~200 bytes
     eprintln!(
         "{name}: {WRITERS} inserts in flight from {SENDERS} senders in {CONVERSATIONS} conversations, {client_ids:?} client_msg_ids, {} s ...",
         RUN.as_secs()
@@ -227,7 +230,7 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
                 let mut n: u64 = 0;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
-                    let message = NewMessage {
+                    let message = Message {
                         id: ids.next_id(),
                         conversation: conversation.clone(),
                         // Unique per writer; a real node takes these from the allocator.
@@ -239,7 +242,7 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
                         body: body.clone(),
                         sent_at_ms: 1_780_000_000_000,
                     };
-                    committer.insert(message).await.expect("insert");
+                    committer.submit(message).await.expect("queued").wait().await.expect("insert");
                     stored.fetch_add(1, Ordering::Relaxed);
                 }
             })

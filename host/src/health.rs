@@ -8,58 +8,11 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 
-/// How many latency samples a window keeps; beyond it, new samples replace random old ones
-/// (so the p99 stays representative without growing).
-const WINDOW_SAMPLES: usize = 4096;
-
-/// Durations recorded since the last sample, for a p99.
-#[derive(Default)]
-pub struct LatencyWindow {
-    micros: Mutex<(Vec<u32>, u64)>,
-}
-
-impl LatencyWindow {
-    /// Records one duration.
-    pub fn record(&self, took: Duration) {
-        let micros = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
-        let mut guard = self.micros.lock().unwrap_or_else(|p| p.into_inner());
-        let (samples, seen) = &mut *guard;
-        *seen += 1;
-        if samples.len() < WINDOW_SAMPLES {
-            samples.push(micros);
-        } else {
-            // Reservoir sampling: each of the `seen` durations is kept with equal chance.
-            let slot = rand::random_range(0..*seen);
-            if let Some(kept) = usize::try_from(slot).ok().and_then(|slot| samples.get_mut(slot)) {
-                *kept = micros;
-            }
-        }
-    }
-
-    /// The 99th percentile of what was recorded since the last call, in whole ms (rounded
-    /// up, so any latency shows), and starts a new window. 0 when nothing was recorded.
-    pub fn take_p99_ms(&self) -> u32 {
-        let mut samples = {
-            let mut guard = self.micros.lock().unwrap_or_else(|p| p.into_inner());
-            guard.1 = 0;
-            std::mem::take(&mut guard.0)
-        };
-        percentile(&mut samples, 0.99).div_ceil(1000)
-    }
-}
-
-/// The `share` percentile (0..=1) of `values` (reordered), 0 for none.
-pub fn percentile(values: &mut [u32], share: f64) -> u32 {
-    if values.is_empty() {
-        return 0;
-    }
-    let rank = ((values.len() as f64 * share).ceil() as usize).clamp(1, values.len()) - 1;
-    *values.select_nth_unstable(rank).1
-}
+pub use crate::store::latency::{LatencyWindow, percentile};
 
 /// Counts the node keeps as it works; the sampler reads them as rates.
 #[derive(Default)]
@@ -161,6 +114,19 @@ impl Tier {
     }
 }
 
+impl From<crate::plugins::types::Tier> for Tier {
+    /// The tier a degrade hook chose.
+    fn from(tier: crate::plugins::types::Tier) -> Self {
+        use crate::plugins::types::Tier as Chosen;
+        match tier {
+            Chosen::Normal => Self::Normal,
+            Chosen::OfflineOnly => Self::OfflineOnly,
+            Chosen::NoBackfill => Self::NoBackfill,
+            Chosen::PullOnly => Self::PullOnly,
+        }
+    }
+}
+
 /// One health sample, as the degrade hook sees it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Health {
@@ -254,32 +220,9 @@ fn cpu_ticks() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
-
-    #[test]
-    fn percentile_picks_the_rank() {
-        let mut values: Vec<u32> = (1..=100).rev().collect();
-        assert_eq!(percentile(&mut values, 0.99), 99);
-        assert_eq!(percentile(&mut values, 0.5), 50);
-        assert_eq!(percentile(&mut [7], 0.99), 7);
-        assert_eq!(percentile(&mut [], 0.99), 0);
-    }
-
-    #[test]
-    fn latency_window_reports_p99_in_ms_and_restarts() {
-        let window = LatencyWindow::default();
-        for _ in 0..98 {
-            window.record(Duration::from_micros(200));
-        }
-        window.record(Duration::from_millis(40));
-        window.record(Duration::from_millis(90));
-        assert_eq!(window.take_p99_ms(), 40);
-        assert_eq!(window.take_p99_ms(), 0, "a new window is empty");
-        for _ in 0..10_000 {
-            window.record(Duration::from_millis(3));
-        }
-        assert_eq!(window.take_p99_ms(), 3, "a full window keeps sampling");
-    }
 
     #[test]
     fn sampler_turns_counts_into_ratios_and_rates() {

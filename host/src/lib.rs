@@ -11,6 +11,7 @@ pub mod delivery;
 pub mod gateway;
 pub mod health;
 pub mod ids;
+pub mod membership;
 pub mod model;
 pub mod node;
 pub mod pipeline;
@@ -19,3 +20,5 @@ pub mod routing;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+#[cfg(test)]
+mod testkit;

@@ -196,9 +196,65 @@ impl ClientMsgId {
     }
 }
 
+impl fmt::Display for ClientMsgId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 impl fmt::Debug for ClientMsgId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ClientMsgId({:?})", &*self.0)
+    }
+}
+
+/// Highest node id: ten bits of every snowflake id name the node that made it.
+pub const MAX_NODE_ID: u16 = 1023;
+
+/// A node of the cluster (0..=1023, unique among live nodes); part of every message id.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default, serde::Serialize)]
+#[serde(transparent)]
+pub struct NodeId(pub u32);
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A connection, unique on its node for the life of the process.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+pub struct ConnectionId(pub u64);
+
+impl fmt::Display for ConnectionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A message with its ids: what the pipeline stores, storage reads back and delivery pushes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Snowflake id.
+    pub id: u64,
+    pub conversation: ConversationId,
+    /// Seq within the conversation (0: an announcement that was not archived).
+    pub seq: u64,
+    pub sender: UserId,
+    pub sender_device: DeviceId,
+    /// The sender's idempotency key.
+    pub client_msg_id: ClientMsgId,
+    /// Application-defined kind.
+    pub kind: u32,
+    pub body: bytes::Bytes,
+    /// Wall time the owner accepted it, in ms since the Unix epoch.
+    pub sent_at_ms: u64,
+}
+
+impl Message {
+    /// Whether `user`'s `device` sent it (and so has it already).
+    pub fn is_from(&self, user: &UserId, device: &DeviceId) -> bool {
+        &self.sender == user && &self.sender_device == device
     }
 }
 

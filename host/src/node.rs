@@ -1,32 +1,35 @@
 //! One Herald node: every part wired together, chosen once at start-up from the config.
 //!
-//! Embedded mode (the only one so far) uses SQLite or a SQL server for storage and keeps
-//! routes, rooms and dedup marks in this process.
+//! This is the one place that knows which implementation backs each seam. Embedded mode
+//! keeps routes, room directory, dedup marks and the ring in this process and reaches no
+//! other node ([`LocalBus`]); storage is whichever SQL backend the URL names.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use dashmap::DashSet;
-use tokio::sync::Semaphore;
+use tokio::sync::watch;
 
 use crate::clock::{SystemClock, WallClock};
 use crate::config::Config;
-use crate::delivery::Delivery;
-use crate::delivery::cursors::CursorBuffer;
+use crate::delivery::sessions::Sessions;
+use crate::delivery::{Delivery, DeliveryStores, Reach};
+use crate::gateway::Gateway;
 use crate::gateway::auth::Authenticator;
-use crate::gateway::connection::Connections;
 use crate::health::{Sampler, Tier, Vitals};
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
-use crate::pipeline::Pipeline;
-use crate::pipeline::dedup::Dedup;
-use crate::pipeline::lanes::Lanes;
-use crate::pipeline::membership::Membership;
-use crate::plugins::{Hook, Plugins, types};
-use crate::routing::ring::{DEFAULT_VIRTUAL_NODES, Ring};
-use crate::routing::rooms::Rooms;
+use crate::membership::Membership;
+use crate::model::NodeId;
+use crate::pipeline::dedup::LocalDedup;
+use crate::pipeline::lanes::{Lanes, OwnerFrontier};
+use crate::pipeline::{Pipeline, PipelineParts};
+use crate::plugins::{Hook, PluginHost, Plugins, types};
+use crate::routing::bus::{LocalBus, NodeBus};
+use crate::routing::rooms::{MemoryRoomDirectory, RoomDirectory, Rooms};
+use crate::routing::router::Router;
+use crate::routing::topology::StaticTopology;
 use crate::routing::{MemoryRouteTable, RouteTable};
-use crate::store::{Database, GroupCommitter, StoreError};
+use crate::store::{Database, GroupCommitter, StoreError, StoreProbe};
 
 /// Why a node could not be assembled.
 #[derive(Debug, thiserror::Error)]
@@ -42,22 +45,20 @@ pub struct Node {
     pub config: Config,
     pub database: Database,
     pub committer: GroupCommitter,
-    pub auth: Authenticator,
     pub clock: Arc<dyn WallClock>,
     pub routes: Arc<dyn RouteTable>,
-    pub rooms: Arc<Rooms>,
-    pub connections: Arc<Connections>,
+    /// The WebSocket edge.
+    pub gateway: Arc<Gateway>,
     pub membership: Arc<Membership>,
     pub delivery: Arc<Delivery>,
     pub pipeline: Arc<Pipeline>,
+    pub router: Arc<Router>,
     /// The Wasm plugins and their hot reload.
     pub plugins: Arc<Plugins>,
     /// Health counters, the last health sample and the delivery tier.
     pub vitals: Arc<Vitals>,
-    /// Next connection id.
-    pub next_connection: AtomicU64,
-    /// Shutdown has begun: not ready, and connections are sent away.
-    draining: AtomicBool,
+    /// Turns true at shutdown; every background loop stops on it.
+    stop: watch::Sender<bool>,
 }
 
 impl Node {
@@ -66,15 +67,11 @@ impl Node {
     /// # Errors
     /// [`NodeError`] when storage cannot be opened or the configuration is unusable.
     pub async fn open(config: Config) -> Result<Arc<Self>, NodeError> {
-        if !config.dev && config.gateway.jwt_secret.as_deref().is_none_or(str::is_empty) {
-            return Err(NodeError::Config(
-                "gateway.jwt_secret is required outside dev mode (HERALD_GATEWAY__JWT_SECRET); clients authenticate with HS256 tokens signed by it".into(),
-            ));
-        }
+        config.validate().map_err(|error| NodeError::Config(error.to_string()))?;
+        let auth = Authenticator::new(required_secret(&config)?, config.dev)
+            .map_err(|error| NodeError::Config(error.to_string()))?;
         crate::telemetry::install();
-        let database = Database::connect(&config.database_url(), &config.storage).await?;
-        let migrations = database.migrate().await?;
-        tracing::info!(backend = ?database.backend(), migrations, "storage ready");
+        let database = open_storage(&config).await?;
         let committer = GroupCommitter::start(database.clone(), &config.storage.group_commit);
         let plugins = Arc::new(
             Plugins::start(config.plugin_runtime.clone(), &config.plugins_dir())
@@ -82,114 +79,192 @@ impl Node {
                 .map_err(|error| NodeError::Config(format!("plugin runtime: {error}")))?,
         );
         let ids = Arc::new(SnowflakeGenerator::new(config.node_id).map_err(|e| NodeError::Config(e.to_string()))?);
+        let parts = Embedded::new(&config, &plugins.host);
         let seqs = Arc::new(SeqAllocator::new(Arc::new(database.clone()), config.seq.clone()));
-        let clock: Arc<dyn WallClock> = Arc::new(SystemClock);
-        let routes: Arc<dyn RouteTable> = Arc::new(MemoryRouteTable::default());
-        let rooms = Arc::new(Rooms::default());
-        let connections = Arc::new(Connections::default());
-        let membership = Arc::new(Membership::new(database.clone(), Arc::clone(&rooms)));
-        let lanes = Arc::new(Lanes::default());
-        let dedup =
-            Arc::new(Dedup::new(Duration::from_millis(config.delivery.dedup_ttl_ms), config.delivery.dedup_max_marks));
+        let membership = Arc::new(Membership::new(Arc::new(database.clone()), Arc::clone(&parts.rooms)));
         let vitals = Arc::new(Vitals::default());
-        let delivery = Arc::new(Delivery {
-            config: config.delivery.clone(),
-            node_id: config.node_id,
-            connections: Arc::clone(&connections),
-            routes: Arc::clone(&routes),
-            rooms: Arc::clone(&rooms),
-            membership: Arc::clone(&membership),
-            database: database.clone(),
-            lanes: Arc::clone(&lanes),
-            cursors: CursorBuffer::default(),
-            backfill_permits: Semaphore::new(config.delivery.backfill_concurrency),
-            vitals: Arc::clone(&vitals),
-        });
-        let pipeline = Arc::new(Pipeline {
-            database: database.clone(),
-            committer: committer.clone(),
+        let lanes = Arc::new(Lanes::default());
+        let reach = Reach {
+            this_node: parts.this_node,
+            sessions: Arc::new(Sessions::default()),
+            rooms: Arc::clone(&parts.rooms),
+            routes: Arc::clone(&parts.routes),
+            room_directory: Arc::clone(&parts.room_directory),
+            bus: Arc::clone(&parts.bus),
+        };
+        let stores = DeliveryStores {
+            messages: Arc::new(database.clone()),
+            cursors: Arc::new(database.clone()),
+            conversations: Arc::new(database.clone()),
+            groups: Arc::new(database.clone()),
+        };
+        let frontier =
+            OwnerFrontier { lanes: Arc::clone(&lanes), router: Arc::clone(&parts.router), bus: Arc::clone(&parts.bus) };
+        let delivery = Arc::new(Delivery::new(
+            config.delivery.clone(),
+            reach,
+            Arc::clone(&membership),
+            stores,
+            Arc::new(frontier),
+            Arc::clone(&vitals),
+        ));
+        let pipeline = Arc::new(Pipeline::new(PipelineParts {
+            writer: Arc::new(committer.clone()),
+            conversations: Arc::new(database.clone()),
             seqs: Arc::clone(&seqs),
             ids,
-            dedup: Arc::clone(&dedup),
+            dedup: Arc::new(LocalDedup::new(
+                Duration::from_millis(config.delivery.dedup_ttl_ms),
+                config.delivery.dedup_max_marks,
+            )),
             lanes: Arc::clone(&lanes),
             membership: Arc::clone(&membership),
             delivery: Arc::clone(&delivery),
-            clock: Arc::clone(&clock),
-            known_direct: DashSet::new(),
+            router: Arc::clone(&parts.router),
+            bus: Arc::clone(&parts.bus),
+            clock: Arc::clone(&parts.clock),
             plugins: Arc::clone(&plugins.host),
-            // Embedded mode: this node is the whole ring.
-            ring: Ring::new(&[config.node_id], DEFAULT_VIRTUAL_NODES),
-            node_id: config.node_id,
             vitals: Arc::clone(&vitals),
-        });
-        tokio::spawn(Arc::clone(&delivery).flush_cursors_periodically());
-        tokio::spawn(
-            database
-                .clone()
-                .checkpoint_periodically(Duration::from_millis(config.storage.sqlite_checkpoint_ms.max(10))),
-        );
-        tokio::spawn(watch_health(
-            Arc::clone(&vitals),
-            Arc::clone(&connections),
-            committer.clone(),
+            known_direct_idle: config.seq.evict_idle,
+        }));
+        let gateway = Arc::new(Gateway::new(
+            config.gateway.clone(),
+            auth,
+            Arc::clone(&parts.clock),
+            Arc::clone(&parts.routes),
+            Arc::clone(&pipeline),
+            Arc::clone(&delivery),
             Arc::clone(&plugins.host),
-            Duration::from_millis(config.delivery.degrade_interval_ms),
         ));
-        let evict_every = config.seq.evict_idle;
-        if !evict_every.is_zero() {
-            tokio::spawn(async move {
-                let mut every = tokio::time::interval(evict_every);
-                every.tick().await; // the first tick is immediate
-                loop {
-                    every.tick().await;
-                    let (forgotten, lanes_forgotten) = (seqs.evict_idle(), lanes.evict_idle());
-                    tracing::debug!(
-                        forgotten,
-                        lanes_forgotten,
-                        in_memory = seqs.conversations(),
-                        "idle conversations forgotten"
-                    );
-                }
-            });
-        }
-        Ok(Arc::new(Self {
-            auth: Authenticator::new(config.gateway.jwt_secret.as_deref(), config.dev)
-                .map_err(|error| NodeError::Config(error.to_string()))?,
-            config,
+        let node = Arc::new(Self {
             database,
             committer,
-            clock,
-            routes,
-            rooms,
-            connections,
+            clock: parts.clock,
+            routes: parts.routes,
+            gateway,
             membership,
             delivery,
             pipeline,
+            router: parts.router,
             plugins,
             vitals,
-            next_connection: AtomicU64::new(1),
-            draining: AtomicBool::new(false),
-        }))
+            stop: watch::Sender::new(false),
+            config,
+        });
+        node.start_background(seqs, lanes);
+        Ok(node)
+    }
+
+    /// This node's id.
+    pub fn this_node(&self) -> NodeId {
+        self.router.this_node()
+    }
+
+    /// Starts the loops that keep the node tidy; each stops at shutdown.
+    fn start_background(self: &Arc<Self>, seqs: Arc<SeqAllocator>, lanes: Arc<Lanes>) {
+        self.spawn_until_stopped(Arc::clone(&self.delivery).flush_cursors_periodically());
+        let checkpoints = Duration::from_millis(self.config.storage.sqlite_checkpoint_ms.max(10));
+        self.spawn_until_stopped(self.database.clone().checkpoint_periodically(checkpoints));
+        self.spawn_until_stopped(watch_health(
+            Arc::clone(&self.vitals),
+            Arc::clone(&self.gateway),
+            self.committer.clone(),
+            Arc::clone(&self.plugins.host),
+            Duration::from_millis(self.config.delivery.degrade_interval_ms),
+        ));
+        let evict_every = self.config.seq.evict_idle;
+        if !evict_every.is_zero() {
+            self.spawn_until_stopped(forget_idle(seqs, lanes, evict_every));
+        }
+    }
+
+    /// Runs `work` until it ends or the node stops.
+    fn spawn_until_stopped(&self, work: impl Future<Output = ()> + Send + 'static) {
+        let mut stop = self.stop.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = work => {}
+                _ = stop.wait_for(|stop| *stop) => {}
+            }
+        });
     }
 
     /// Starts draining: `/readyz` answers 503, every connection (and any that finishes its
     /// handshake from now on) gets `go_away` and is closed with 1012; then writes pending
-    /// cursors. Queued inserts are flushed by the caller, after the listener stopped.
+    /// cursors and stops the background loops. Queued inserts are flushed by the caller,
+    /// after the listener stopped.
     pub async fn shut_down(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-        let sent_away = self.connections.go_away_all(crate::gateway::DRAINING, self.config.gateway.go_away_spread_ms);
-        // Let the writers put `go_away` and the close frame on the wire before the process
-        // ends; a client that stopped reading does not hold shutdown up for long.
-        let written = futures_util::future::join_all(sent_away.iter().map(|c| c.writer_finished()));
-        if tokio::time::timeout(Duration::from_secs(2), written).await.is_err() {
-            tracing::warn!("some connections did not take their go_away within 2 s");
-        }
-        self.delivery.cursors.flush(&self.database).await;
+        self.gateway.drain().await;
+        self.stop.send_replace(true);
+        self.delivery.flush_cursors().await;
     }
 
     /// Whether shutdown has begun.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
+        self.gateway.is_draining()
+    }
+
+    /// Whether storage answers (for `/readyz`).
+    pub async fn storage_ready(&self) -> bool {
+        self.database.ping().await
+    }
+}
+
+/// The parts embedded mode keeps in this process.
+struct Embedded {
+    this_node: NodeId,
+    clock: Arc<dyn WallClock>,
+    routes: Arc<dyn RouteTable>,
+    rooms: Arc<Rooms>,
+    room_directory: Arc<dyn RoomDirectory>,
+    bus: Arc<dyn NodeBus>,
+    router: Arc<Router>,
+}
+
+impl Embedded {
+    fn new(config: &Config, plugins: &Arc<PluginHost>) -> Self {
+        let this_node = NodeId(config.node_id);
+        // A cluster of one: this node is the whole ring.
+        let topology = Arc::new(StaticTopology::new(&[this_node]));
+        Self {
+            this_node,
+            clock: Arc::new(SystemClock),
+            routes: Arc::new(MemoryRouteTable::default()),
+            rooms: Arc::new(Rooms::default()),
+            room_directory: Arc::new(MemoryRoomDirectory::default()),
+            bus: Arc::new(LocalBus),
+            router: Arc::new(Router::new(Arc::clone(plugins), topology, this_node)),
+        }
+    }
+}
+
+/// The JWT secret, which only dev mode may go without.
+fn required_secret(config: &Config) -> Result<Option<&str>, NodeError> {
+    let secret = config.gateway.jwt_secret.as_deref().filter(|secret| !secret.is_empty());
+    if secret.is_none() && !config.dev {
+        return Err(NodeError::Config(
+            "gateway.jwt_secret is required outside dev mode (HERALD_GATEWAY__JWT_SECRET); clients authenticate with HS256 tokens signed by it".into(),
+        ));
+    }
+    Ok(config.gateway.jwt_secret.as_deref())
+}
+
+/// Connects to the configured database and brings its schema up to date.
+async fn open_storage(config: &Config) -> Result<Database, NodeError> {
+    let database = Database::connect(&config.database_url(), &config.storage).await?;
+    let migrations = database.migrate().await?;
+    tracing::info!(backend = ?database.backend(), migrations, "storage ready");
+    Ok(database)
+}
+
+/// Forgets idle conversations' seq segments and lanes every `every`.
+async fn forget_idle(seqs: Arc<SeqAllocator>, lanes: Arc<Lanes>, every: Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.tick().await; // the first tick is immediate
+    loop {
+        ticks.tick().await;
+        let (forgotten, lanes_forgotten) = (seqs.evict_idle(), lanes.evict_idle());
+        tracing::debug!(forgotten, lanes_forgotten, in_memory = seqs.conversations(), "idle conversations forgotten");
     }
 }
 
@@ -197,9 +272,9 @@ impl Node {
 /// chooses from it (the built-in default, when no plugin has the hook, is `normal`).
 async fn watch_health(
     vitals: Arc<Vitals>,
-    connections: Arc<Connections>,
+    gateway: Arc<Gateway>,
     committer: GroupCommitter,
-    plugins: Arc<crate::plugins::PluginHost>,
+    plugins: Arc<PluginHost>,
     interval: Duration,
 ) {
     let mut sampler = Sampler::new();
@@ -207,11 +282,10 @@ async fn watch_health(
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let health = sampler.sample(&vitals, connections.queue_depths(), committer.write_latency());
-        metrics::gauge!("herald_connections").set(health.connections as f64);
+        let health = sampler.sample(&vitals, gateway.connections.queue_depths(), committer.write_latency());
         metrics::gauge!("herald_store_latency_p99_ms").set(f64::from(health.store_latency_p99_ms));
         let tier = if plugins.has_hook(Hook::Degrade) {
-            tier_of(plugins.degrade(&hook_health(&health)).await)
+            Tier::from(plugins.degrade(&hook_health(&health)).await)
         } else {
             Tier::Normal
         };
@@ -228,14 +302,5 @@ fn hook_health(health: &crate::health::Health) -> types::Health {
         redelivery_ratio: health.redelivery_ratio,
         cpu_load: health.cpu_load,
         errors_per_second: health.errors_per_second,
-    }
-}
-
-fn tier_of(tier: types::Tier) -> Tier {
-    match tier {
-        types::Tier::Normal => Tier::Normal,
-        types::Tier::OfflineOnly => Tier::OfflineOnly,
-        types::Tier::NoBackfill => Tier::NoBackfill,
-        types::Tier::PullOnly => Tier::PullOnly,
     }
 }

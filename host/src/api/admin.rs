@@ -71,18 +71,20 @@ pub async fn route(
             )));
         }
     };
-    let routed = node.pipeline.route(command, &user, conversation.as_ref()).await;
-    Ok(Json(json!({ "key": routed.key, "owner": routed.owner, "this_node": node.config.node_id })))
+    let routed = node.router.route(command, &user, conversation.as_ref()).await;
+    Ok(Json(json!({ "key": routed.key, "owner": routed.owner, "this_node": node.this_node() })))
 }
 
 /// `GET /admin/cluster`: this node, the nodes on the ring and how they share it. Embedded
 /// mode is one node owning every key.
 pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
-    let ring = &node.pipeline.ring;
+    let view = node.router.topology().view();
+    let ring = &view.ring;
     Ok(Json(json!({
         "mode": "embedded",
-        "this_node": node.config.node_id,
+        "this_node": node.this_node(),
+        "epoch": view.epoch,
         "nodes": ring.nodes().iter().map(|id| json!({ "id": id, "points": ring.points_of(*id) })).collect::<Vec<_>>(),
     })))
 }

@@ -1,4 +1,5 @@
-//! Conversation history over HTTP, for a member's token.
+//! Conversation history over HTTP, for a member's token: the same page as the `history`
+//! frame, read forwards.
 
 use std::sync::Arc;
 
@@ -9,10 +10,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiError, require_user};
+use crate::delivery::pull::{PullError, Span};
 use crate::delivery::wire_message;
 use crate::model::ConversationId;
 use crate::node::Node;
-use crate::pipeline::membership::Refusal;
+
+/// Page size when the request names none.
+const DEFAULT_LIMIT: u32 = 100;
 
 #[derive(Deserialize)]
 pub struct Page {
@@ -34,16 +38,15 @@ pub async fn messages(
     let Query(page) = page.map_err(|error| ApiError::bad_request(error.body_text()))?;
     let conversation =
         ConversationId::parse(&conversation).map_err(|error| ApiError::bad_request(error.to_string()))?;
-    node.membership.check_read(&user, &conversation).await.map_err(|refusal| match refusal {
-        Refusal::Store(error) => ApiError::unavailable(error),
-        other => ApiError::new(StatusCode::FORBIDDEN, "forbidden", other.to_string()),
+    let limit = page.limit.unwrap_or(DEFAULT_LIMIT).max(1);
+    let read = node.delivery.page(&user, conversation, Span::After(page.after_seq), limit).await;
+    let read = read.map_err(|error| match error {
+        PullError::Invalid(reason) => ApiError::bad_request(reason),
+        PullError::Store(error) => ApiError::unavailable(error),
+        PullError::Refused(crate::membership::Refusal::Store(error)) => ApiError::unavailable(error),
+        PullError::Refused(refusal) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", refusal.to_string()),
     })?;
-    let limit = page.limit.unwrap_or(100).clamp(1, node.config.delivery.max_page);
-    let stored =
-        node.database.messages_after(&conversation, page.after_seq, limit).await.map_err(ApiError::unavailable)?;
     let messages: Vec<Value> =
-        stored.iter().map(|m| serde_json::to_value(wire_message(m)).unwrap_or(Value::Null)).collect();
-    Ok(Json(
-        json!({ "conversation": conversation.as_str(), "messages": messages, "has_more": stored.len() as u32 == limit }),
-    ))
+        read.messages.iter().map(|m| serde_json::to_value(wire_message(m)).unwrap_or(Value::Null)).collect();
+    Ok(Json(json!({ "conversation": read.conversation.as_str(), "messages": messages, "has_more": read.has_more })))
 }

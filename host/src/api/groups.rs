@@ -9,9 +9,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiError, require_api_key};
+use crate::membership::GroupChange;
 use crate::model::{GroupId, UserId};
 use crate::node::Node;
-use crate::store::StoreError;
 
 /// Most members a group may be created with in one call.
 const MAX_INITIAL_MEMBERS: usize = 10_000;
@@ -31,15 +31,13 @@ fn user_id(raw: &str) -> Result<UserId, ApiError> {
     UserId::parse(raw).map_err(|error| ApiError::bad_request(error.to_string()))
 }
 
-fn store_error(error: StoreError) -> ApiError {
+fn change_error(error: GroupChange) -> ApiError {
     match error {
-        StoreError::GroupExists(id) => {
-            ApiError::new(StatusCode::CONFLICT, "exists", format!("group {id} already exists"))
+        GroupChange::Exists(_) => ApiError::new(StatusCode::CONFLICT, "exists", error.to_string()),
+        GroupChange::NoSuchGroup(_) | GroupChange::NotMember { .. } => {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", error.to_string())
         }
-        StoreError::NoSuchGroup(id) => {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("there is no group {id}"))
-        }
-        other => ApiError::unavailable(other),
+        GroupChange::Store(error) => ApiError::unavailable(error),
     }
 }
 
@@ -58,8 +56,7 @@ pub async fn create(
     let mut members = request.members.iter().map(|m| user_id(m)).collect::<Result<Vec<_>, _>>()?;
     members.sort();
     members.dedup();
-    node.database.create_group(&id, &members, node.clock.now_ms()).await.map_err(store_error)?;
-    node.membership.invalidate(&id);
+    node.membership.create_group(&id, &members, node.clock.now_ms()).await.map_err(change_error)?;
     let names: Vec<&str> = members.iter().map(UserId::as_str).collect();
     Ok((StatusCode::CREATED, Json(json!({ "id": id.as_str(), "conversation": format!("grp:{id}"), "members": names }))))
 }
@@ -72,8 +69,7 @@ pub async fn add_member(
 ) -> Result<StatusCode, ApiError> {
     require_api_key(&node, &headers)?;
     let (id, user) = (group_id(&id)?, user_id(&user)?);
-    node.database.add_member(&id, &user, node.clock.now_ms()).await.map_err(store_error)?;
-    node.membership.invalidate(&id);
+    node.membership.add_member(&id, &user, node.clock.now_ms()).await.map_err(change_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -85,11 +81,6 @@ pub async fn remove_member(
 ) -> Result<StatusCode, ApiError> {
     require_api_key(&node, &headers)?;
     let (id, user) = (group_id(&id)?, user_id(&user)?);
-    let removed = node.database.remove_member(&id, &user).await.map_err(store_error)?;
-    node.membership.invalidate(&id);
-    if removed {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("{user} is not a member of grp:{id}")))
-    }
+    node.membership.remove_member(&id, &user).await.map_err(change_error)?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -63,7 +63,7 @@ pub fn router(node: Arc<Node>) -> Router {
     let mut router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/v1/ws", get(crate::gateway::upgrade))
+        .route("/v1/ws", get(crate::gateway::upgrade).with_state(Arc::clone(&node.gateway)))
         .route("/v1/dev/token", post(users::dev_token))
         .route("/v1/users/{user}/presence", get(users::presence))
         .route("/v1/groups", post(groups::create))
@@ -106,7 +106,8 @@ fn require_api_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
 fn require_user(node: &Node, headers: &HeaderMap) -> Result<UserId, ApiError> {
     let token = bearer(headers)
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <token>"))?;
-    node.auth
+    node.gateway
+        .auth
         .authenticate(token)
         .map_err(|error| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", error.to_string()))
 }
@@ -120,7 +121,7 @@ async fn healthz() -> Json<serde_json::Value> {
 async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>, ApiError> {
     if node.is_draining() {
         Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "draining", "the server is shutting down"))
-    } else if node.database.ping().await {
+    } else if node.storage_ready().await {
         Ok(Json(json!({ "status": "ready" })))
     } else {
         Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the database is not answering"))

@@ -85,7 +85,9 @@ pub async fn announce(
                     acceptance.archive,
                 )
                 .await
-                .map_err(ApiError::unavailable)?;
+                .map_err(|error| {
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("not stored: {error}"))
+                })?;
             let status = if stored.duplicate { StatusCode::OK } else { StatusCode::ACCEPTED };
             let body = json!({
                 "message_id": stored.message_id.to_string(),

@@ -31,6 +31,7 @@ pub async fn dev_token(
     let Json(request) = body.map_err(|error| ApiError::bad_request(error.body_text()))?;
     let user = UserId::parse(&request.user).map_err(|error| ApiError::bad_request(error.to_string()))?;
     let token = node
+        .gateway
         .auth
         .issue(&user, node.clock.now_ms() / 1000, DEV_TOKEN_TTL_SECS)
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?;
@@ -45,8 +46,10 @@ pub async fn presence(
 ) -> Result<Json<Value>, ApiError> {
     require_api_key(&node, &headers)?;
     let user = UserId::parse(&user).map_err(|error| ApiError::bad_request(error.to_string()))?;
-    let routes = node.routes.devices(&user).await.map_err(ApiError::unavailable)?;
+    let mut routes = node.routes.devices_of(std::slice::from_ref(&user)).await.map_err(ApiError::unavailable)?;
     let devices: Vec<Value> = routes
+        .remove(&user)
+        .unwrap_or_default()
         .iter()
         .map(|route| json!({ "device": route.device.as_str(), "node_id": route.node, "connected_at_ms": route.connected_at_ms }))
         .collect();

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::model::{ConversationId, DeviceId, UserId};
-use crate::store::Database;
+use crate::store::CursorStore;
 use crate::store::cursors::CursorUpdate;
 
 type Key = (UserId, DeviceId, ConversationId);
@@ -25,7 +25,7 @@ impl CursorBuffer {
     }
 
     /// Writes everything noted so far in one statement; on failure keeps it for next time.
-    pub async fn flush(&self, database: &Database) {
+    pub async fn flush(&self, store: &dyn CursorStore) {
         let batch: Vec<CursorUpdate> = {
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             pending
@@ -36,7 +36,7 @@ impl CursorBuffer {
         if batch.is_empty() {
             return;
         }
-        if let Err(error) = database.advance_cursors(&batch).await {
+        if let Err(error) = store.advance_cursors(&batch).await {
             tracing::warn!(%error, cursors = batch.len(), "writing cursors failed; will retry");
             for update in batch {
                 self.record(&update.user, &update.device, &update.conversation, update.seq);

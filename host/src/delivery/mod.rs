@@ -4,10 +4,17 @@
 //! Push when online, pull when not (ARCHITECTURE.md §3). A pushed message not acked is
 //! pushed again after the ack timeout, the wait doubling each time (capped, with jitter), up
 //! to `max_attempts`; then it waits for the device to pull. Rooms get no retries.
+//!
+//! Delivery pushes to [`Session`]s through their [`Outbox`](session::Outbox) and reaches
+//! devices held by other nodes through the [`NodeBus`]; it never sees a socket.
 
+pub mod backfill;
 pub mod cursors;
 pub mod pull;
+pub mod session;
+pub mod sessions;
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,45 +22,64 @@ use herald_proto::v1::{self, Frame};
 use tokio::sync::Semaphore;
 
 use crate::config::DeliveryConfig;
-use crate::gateway::connection::{Connection, Connections};
 use crate::health::Vitals;
-use crate::model::{ConversationId, ConversationKind, UserId};
-use crate::pipeline::lanes::Lanes;
-use crate::pipeline::membership::Membership;
-use crate::routing::RouteTable;
-use crate::routing::rooms::Rooms;
-use crate::store::{Database, StoredMessage};
+use crate::membership::Membership;
+use crate::model::{ConversationId, ConversationKind, Message, NodeId, UserId};
+use crate::routing::bus::NodeBus;
+use crate::routing::rooms::{RoomDirectory, Rooms};
+use crate::routing::{Route, RouteTable};
+use crate::store::{ConversationStore, CursorStore, GroupStore, MessageStore};
 
 use cursors::CursorBuffer;
+use pull::SeqFrontier;
+use session::Session;
+use sessions::Sessions;
 
-/// Everything the downlink needs.
-pub struct Delivery {
-    pub config: DeliveryConfig,
-    /// This node, to tell local routes from remote ones.
-    pub node_id: u32,
-    pub connections: Arc<Connections>,
-    pub routes: Arc<dyn RouteTable>,
+/// The repositories delivery reads and writes.
+pub struct DeliveryStores {
+    pub messages: Arc<dyn MessageStore>,
+    pub cursors: Arc<dyn CursorStore>,
+    pub conversations: Arc<dyn ConversationStore>,
+    pub groups: Arc<dyn GroupStore>,
+}
+
+/// What delivery reaches devices through: this node's sessions and room subscribers, the
+/// route table and room directory for the rest of the cluster, and the bus to other nodes.
+pub struct Reach {
+    pub this_node: NodeId,
+    pub sessions: Arc<Sessions>,
     pub rooms: Arc<Rooms>,
-    pub membership: Arc<Membership>,
-    pub database: Database,
-    pub lanes: Arc<Lanes>,
-    pub cursors: CursorBuffer,
+    pub routes: Arc<dyn RouteTable>,
+    pub room_directory: Arc<dyn RoomDirectory>,
+    pub bus: Arc<dyn NodeBus>,
+}
+
+/// The downlink of one node.
+pub struct Delivery {
+    config: DeliveryConfig,
+    reach: Reach,
+    membership: Arc<Membership>,
+    stores: DeliveryStores,
+    /// Asks a conversation's owner what it has not settled yet (for `complete_through_seq`).
+    frontier: Arc<dyn SeqFrontier>,
+    /// Acked positions waiting to be written.
+    cursors: CursorBuffer,
     /// Bounds how many devices are backfilled at once.
-    pub backfill_permits: Semaphore,
+    backfill_permits: Semaphore,
     /// Push and redelivery counts, and the tier in force (set from the degrade hook).
-    pub vitals: Arc<Vitals>,
+    vitals: Arc<Vitals>,
 }
 
 /// The wire form of a stored message.
-pub fn wire_message(message: &StoredMessage) -> v1::Message {
+pub fn wire_message(message: &Message) -> v1::Message {
     v1::Message {
         id: message.id,
-        conversation: message.conversation.clone(),
+        conversation: message.conversation.to_string(),
         seq: message.seq,
-        sender: message.sender.clone(),
-        sender_device: message.sender_device.clone(),
+        sender: message.sender.to_string(),
+        sender_device: message.sender_device.to_string(),
         kind: message.kind,
-        body: bytes::Bytes::from(message.body.clone()),
+        body: message.body.clone(),
         sent_at_ms: message.sent_at_ms,
     }
 }
@@ -63,32 +89,44 @@ fn deliver(message: v1::Message, attempt: u32) -> Frame {
 }
 
 /// "There is more, pull it": what pull-only delivery sends instead of the message.
-fn sync_hint(message: &StoredMessage) -> Frame {
-    Frame::new(0, v1::SyncHint { conversation: message.conversation.clone(), latest_seq: message.seq })
+fn sync_hint(message: &Message) -> Frame {
+    Frame::new(0, v1::SyncHint { conversation: message.conversation.to_string(), latest_seq: message.seq })
 }
 
 impl Delivery {
+    pub fn new(
+        config: DeliveryConfig,
+        reach: Reach,
+        membership: Arc<Membership>,
+        stores: DeliveryStores,
+        frontier: Arc<dyn SeqFrontier>,
+        vitals: Arc<Vitals>,
+    ) -> Self {
+        let backfill_permits = Semaphore::new(config.backfill_concurrency);
+        Self { config, reach, membership, stores, frontier, cursors: CursorBuffer::default(), backfill_permits, vitals }
+    }
+
+    /// This node.
+    pub fn this_node(&self) -> NodeId {
+        self.reach.this_node
+    }
+
+    /// The sessions of this node's connections.
+    pub fn sessions(&self) -> &Sessions {
+        &self.reach.sessions
+    }
+
+    /// The bus to the other nodes.
+    pub fn bus(&self) -> &dyn NodeBus {
+        self.reach.bus.as_ref()
+    }
+
     /// Pushes a just-stored message to every online device that should have it: every
     /// device of every member but the one that sent it (room: every subscriber). In the
     /// pull-only tier they get a `sync_hint` instead, and pull.
-    pub async fn fan_out(self: &Arc<Self>, message: Arc<StoredMessage>) {
-        let Ok(conversation) = ConversationId::parse(&message.conversation) else { return };
-        // Pull-only: no message is built, only hints go out.
-        let wire = self.vitals.tier().pushes().then(|| wire_message(&message));
-        let members: Vec<UserId> = match conversation.kind() {
-            ConversationKind::Room(_) => {
-                for id in self.rooms.subscribers(&conversation) {
-                    if let Some(connection) = self.connections.get(id)
-                        && !is_own(&connection, &message)
-                    {
-                        connection.push(match &wire {
-                            Some(wire) => deliver(wire.clone(), 1),
-                            None => sync_hint(&message),
-                        });
-                    }
-                }
-                return;
-            }
+    pub async fn fan_out(self: &Arc<Self>, message: Arc<Message>) {
+        let members: Vec<UserId> = match message.conversation.kind() {
+            ConversationKind::Room(_) => return self.publish_room(message).await,
             ConversationKind::Direct(a, b) => vec![a, b],
             ConversationKind::Group(group) => match self.membership.group_members(&group).await {
                 Ok(Some(members)) => members.as_ref().clone(),
@@ -100,49 +138,106 @@ impl Delivery {
                 }
             },
         };
-        for user in members {
-            let routes = match self.routes.devices(&user).await {
-                Ok(routes) => routes,
-                Err(error) => {
-                    tracing::warn!(%error, "route table unavailable for fan-out");
-                    continue;
-                }
-            };
-            // Connected here, and dropped here within the grace period (they note it as
-            // owed, for their device's return).
-            let connected = routes
-                .into_iter()
-                .filter(|route| route.node == self.node_id)
-                .filter_map(|route| self.connections.get(route.connection));
-            for connection in connected.chain(self.connections.parked_of(&user)) {
-                if is_own(&connection, &message) {
-                    continue;
-                }
-                match &wire {
-                    None if connection.is_live() => _ = connection.push(sync_hint(&message)),
-                    None => {}
-                    Some(wire) => {
-                        if let Some(connection) = connection.offer(&conversation, message.seq) {
-                            self.push_tracked(&connection, &conversation, wire.clone(), 1);
-                        }
-                    }
-                }
+        // Every device of every member in one lookup; parked sessions are found even when
+        // the route table cannot be read.
+        let routes = self.reach.routes.devices_of(&members).await.unwrap_or_else(|error| {
+            tracing::warn!(%error, "route table unavailable for fan-out");
+            HashMap::new()
+        });
+        // Each user once per node, however many of their devices it holds.
+        let mut elsewhere: HashMap<NodeId, BTreeSet<UserId>> = HashMap::new();
+        for route in routes.values().flatten().filter(|route| route.node != self.reach.this_node) {
+            elsewhere.entry(route.node).or_default().insert(route.user.clone());
+        }
+        for user in &members {
+            self.push_here(&message, user, routes.get(user).map_or(&[], Vec::as_slice));
+        }
+        for (node, users) in elsewhere {
+            let users = users.into_iter().collect();
+            if let Err(error) = self.reach.bus.deliver(node, Arc::clone(&message), users).await {
+                // Stored: those devices pull it when they next sync or reconnect.
+                tracing::warn!(%error, "a node holding recipients could not be reached");
             }
         }
         metrics::counter!("herald_delivery_fanouts_total").increment(1);
     }
 
+    /// Pushes `message` to the devices of `users` connected to this node (another node's
+    /// fan-out, arriving over the bus).
+    pub async fn deliver_here(self: &Arc<Self>, message: &Message, users: &[UserId]) {
+        let routes = self.reach.routes.devices_of(users).await.unwrap_or_else(|error| {
+            tracing::warn!(%error, "route table unavailable for delivery");
+            HashMap::new()
+        });
+        for user in users {
+            self.push_here(message, user, routes.get(user).map_or(&[], Vec::as_slice));
+        }
+    }
+
+    /// Pushes `message` to `user`'s devices on this node: those connected (of `routes`) and
+    /// those dropped within the grace period, which note it as owed for their return.
+    fn push_here(self: &Arc<Self>, message: &Message, user: &UserId, routes: &[Route]) {
+        let sessions = &self.reach.sessions;
+        let connected = routes
+            .iter()
+            .filter(|route| route.node == self.reach.this_node)
+            .filter_map(|route| sessions.get(route.connection));
+        let pushes = self.vitals.tier().pushes();
+        for session in connected.chain(sessions.parked_of(user)) {
+            if message.is_from(&session.user, &session.device) {
+                continue;
+            }
+            if !pushes {
+                if session.is_live() {
+                    session.push(sync_hint(message));
+                }
+            } else if let Some(session) = session.offer(&message.conversation, message.seq) {
+                self.push_tracked(&session, &message.conversation, wire_message(message), 1);
+            }
+        }
+    }
+
+    /// A room message: to this node's subscribers, and to the other nodes with subscribers.
+    async fn publish_room(self: &Arc<Self>, message: Arc<Message>) {
+        self.push_to_room_here(&message);
+        let nodes = match self.reach.room_directory.nodes(&message.conversation).await {
+            Ok(nodes) => nodes.into_iter().filter(|&node| node != self.reach.this_node).collect::<Vec<_>>(),
+            Err(error) => {
+                tracing::warn!(%error, "room directory unavailable; other nodes' subscribers catch up from history");
+                return;
+            }
+        };
+        if !nodes.is_empty()
+            && let Err(error) = self.reach.bus.publish_room(&nodes, message).await
+        {
+            tracing::warn!(%error, "a node with room subscribers could not be reached");
+        }
+    }
+
+    /// Pushes a room message to this node's subscribers of its room (no retries: a
+    /// subscriber catches up from history).
+    pub fn push_to_room_here(&self, message: &Message) {
+        let frame = if self.vitals.tier().pushes() { deliver(wire_message(message), 1) } else { sync_hint(message) };
+        for id in self.reach.rooms.subscribers(&message.conversation) {
+            if let Some(session) = self.reach.sessions.get(id)
+                && !message.is_from(&session.user, &session.device)
+            {
+                session.push(frame.clone());
+            }
+        }
+    }
+
     /// Pushes `message` and arranges for it to be pushed again until acked.
     fn push_tracked(
         self: &Arc<Self>,
-        connection: &Arc<Connection>,
+        session: &Arc<Session>,
         conversation: &ConversationId,
         message: v1::Message,
         attempt: u32,
     ) {
-        if connection.push(deliver(message.clone(), attempt)) {
+        if session.push(deliver(message.clone(), attempt)) {
             self.vitals.count_push(attempt);
-            self.schedule_retry(Arc::clone(connection), conversation.clone(), message, attempt);
+            self.schedule_retry(Arc::clone(session), conversation.clone(), message, attempt);
         }
     }
 
@@ -150,7 +245,7 @@ impl Delivery {
     /// attempts are used up, or the tier sheds retries (the device then syncs).
     fn schedule_retry(
         self: &Arc<Self>,
-        connection: Arc<Connection>,
+        session: Arc<Session>,
         conversation: ConversationId,
         message: v1::Message,
         attempt: u32,
@@ -161,40 +256,40 @@ impl Delivery {
         let delivery = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(backoff(&delivery.config, attempt)).await;
-            if connection.is_closed()
-                || connection.acked_through(&conversation) >= message.seq
+            if session.is_closed()
+                || session.acked_through(&conversation) >= message.seq
                 || !delivery.vitals.tier().retries()
             {
                 return;
             }
             metrics::counter!("herald_delivery_redeliveries_total").increment(1);
-            delivery.push_tracked(&connection, &conversation, message, attempt + 1);
+            delivery.push_tracked(&session, &conversation, message, attempt + 1);
         });
     }
 
     /// A cumulative ack from a device: stops retries up to `seq` and moves its cursor.
-    pub async fn ack(&self, connection: &Connection, conversation: &ConversationId, seq: u64) {
-        if self.membership.check_read(&connection.user, conversation).await.is_err() {
+    pub async fn ack(&self, session: &Session, conversation: &ConversationId, seq: u64) {
+        if self.membership.check_read(&session.user, conversation).await.is_err() {
             return; // not theirs: nothing to record
         }
-        if connection.record_ack(conversation, seq) {
-            self.cursors.record(&connection.user, &connection.device, conversation, seq);
+        if session.record_ack(conversation, seq) {
+            self.cursors.record(&session.user, &session.device, conversation, seq);
         }
     }
 
-    /// Writes coalesced cursors every flush interval, for ever.
+    /// Writes coalesced cursors every flush interval, for as long as it is polled.
     pub async fn flush_cursors_periodically(self: Arc<Self>) {
         let mut every = tokio::time::interval(Duration::from_millis(self.config.cursor_flush_ms));
         loop {
             every.tick().await;
-            self.cursors.flush(&self.database).await;
+            self.flush_cursors().await;
         }
     }
-}
 
-/// Whether `connection` is the very device that sent `message` (it has it already).
-fn is_own(connection: &Connection, message: &StoredMessage) -> bool {
-    connection.user.as_str() == message.sender && connection.device.as_str() == message.sender_device
+    /// Writes the cursors noted so far.
+    pub async fn flush_cursors(&self) {
+        self.cursors.flush(self.stores.cursors.as_ref()).await;
+    }
 }
 
 /// The wait after push number `attempt`: ack timeout × 2^(attempt-1), capped at the
@@ -225,3 +320,8 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod backfill_tests;
+#[cfg(test)]
+mod fan_out_tests;

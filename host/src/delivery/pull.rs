@@ -1,19 +1,29 @@
-//! What a device asks for or is owed: backfill on connect, `sync`, `history` and room
-//! catch-up on `subscribe`.
+//! What a device asks for: `sync`, `history` (over WebSocket and HTTP alike), and room
+//! subscriptions with catch-up.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-
+use async_trait::async_trait;
 use herald_proto::v1;
 
-use super::{Delivery, is_own, wire_message};
-use crate::gateway::connection::{Connection, read_from};
-use crate::model::{ConversationId, ConversationKind, DeviceId, UserId};
-use crate::pipeline::membership::Refusal;
+use super::session::Session;
+use super::{Delivery, wire_message};
+use crate::membership::Refusal;
+use crate::model::{ConversationId, ConversationKind, UserId};
 use crate::store::StoreError;
 
 /// Default page of `sync` and `history` when the request says 0.
 const DEFAULT_PAGE: u32 = 100;
+
+/// What a conversation's owner has taken a seq for and not yet settled: a seq below the
+/// highest stored one may still be on its way, so it is not a gap yet.
+#[async_trait]
+pub trait SeqFrontier: Send + Sync + 'static {
+    /// The lowest seq of `conversation` still being stored, asked of the node owning it
+    /// (`user` is the one asking, for the route-key hook).
+    ///
+    /// # Errors
+    /// Why the owner could not be asked.
+    async fn lowest_in_flight(&self, user: &UserId, conversation: &ConversationId) -> Result<Option<u64>, String>;
+}
 
 /// Why a pull request was refused (an `error` frame; the connection stays open).
 #[derive(Debug, thiserror::Error)]
@@ -37,147 +47,97 @@ impl PullError {
     }
 }
 
+/// Which messages a page holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Span {
+    /// Those with a seq above this, oldest first.
+    After(u64),
+    /// The newest with a seq below this (0: the latest), returned oldest first.
+    Before(u64),
+}
+
+/// A page of a conversation's messages, in ascending seq.
+#[derive(Debug)]
+pub struct Page {
+    pub conversation: ConversationId,
+    pub messages: Vec<crate::model::Message>,
+    /// More messages lie beyond the page in the direction it was read.
+    pub has_more: bool,
+}
+
 impl Delivery {
-    fn page(&self, requested: u32) -> u32 {
+    /// The page size for a request's `limit` (0: the default), capped at `max_page`.
+    pub fn page_size(&self, requested: u32) -> u32 {
         if requested == 0 { DEFAULT_PAGE.min(self.config.max_page) } else { requested.min(self.config.max_page) }
     }
 
-    /// Every conversation a device should follow, with its server-side cursor.
-    async fn device_conversations(
+    /// A page of `conversation` for `user` (a member): the one history path, for the
+    /// `history` frame and `GET /v1/conversations/{c}/messages` alike.
+    ///
+    /// # Errors
+    /// [`PullError`] when the user may not read it or storage fails.
+    pub async fn page(
         &self,
         user: &UserId,
-        device: &DeviceId,
-    ) -> Result<BTreeMap<ConversationId, u64>, StoreError> {
-        let mut names: BTreeSet<String> = self.database.user_conversations(user).await?.into_iter().collect();
-        names.extend(self.database.groups_of(user).await?.into_iter().map(|group| format!("grp:{group}")));
-        let cursors = self.database.cursors(user, device).await?;
-        let mut out = BTreeMap::new();
-        for name in names {
-            if let Ok(conversation) = ConversationId::parse(&name) {
-                out.insert(conversation, 0);
+        conversation: ConversationId,
+        from: Span,
+        limit: u32,
+    ) -> Result<Page, PullError> {
+        self.membership.check_read(user, &conversation).await?;
+        let limit = self.page_size(limit);
+        // One more than asked: whether it exists says whether there is more.
+        let mut messages = match from {
+            Span::After(after) => self.stores.messages.messages_after(&conversation, after, limit + 1).await?,
+            Span::Before(before) => self.stores.messages.messages_before(&conversation, before, limit + 1).await?,
+        };
+        let has_more = messages.len() > limit as usize;
+        if has_more {
+            match from {
+                Span::After(_) => _ = messages.pop(),
+                Span::Before(_) => _ = messages.remove(0),
             }
         }
-        for (name, seq) in cursors {
-            if let Ok(conversation) = ConversationId::parse(&name)
-                && !matches!(conversation.kind(), ConversationKind::Room(_))
-            {
-                let pending = self.cursors.pending(user, device, &conversation).unwrap_or(0);
-                out.insert(conversation, seq.max(pending));
-            }
-        }
-        Ok(out)
+        Ok(Page { conversation, messages, has_more })
     }
 
-    /// Pushes to a just-connected device what its cursors lack, oldest first, waiting for
-    /// room in its queue (so a reconnect storm paces itself), then lets live pushes through
-    /// and catches up on what was stored meanwhile.
+    /// Answers `history`: a page of messages before `before_seq` (0 = the latest).
     ///
-    /// A device back within the reconnect grace period (its connection resumed from the
-    /// dropped one) is owed only a few conversations, known without asking the database:
-    /// only those are read. Otherwise every conversation of the user is.
-    pub async fn backfill(self: &Arc<Self>, connection: Arc<Connection>) {
-        if !self.vitals.tier().backfills() {
-            // Degraded: the device catches up by sync instead.
-            connection.skip_backfill();
-            return;
-        }
-        let Ok(_permit) = self.backfill_permits.acquire().await else { return };
-        let resumed = connection.take_resume();
-        let full = resumed.is_none();
-        metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" })
-            .increment(1);
-        let mut positions = match resumed {
-            Some(owed) => owed,
-            None => match self.device_conversations(&connection.user, &connection.device).await {
-                Ok(conversations) => conversations,
-                Err(error) => {
-                    tracing::warn!(%error, "backfill: storage unavailable; the device can sync");
-                    self.vitals.count_error();
-                    connection.skip_backfill();
-                    return;
-                }
-            },
-        };
-        for pass in 0..2 {
-            if pass == 1 {
-                // Open the connection to live pushes, then look again for anything stored
-                // before live pushes reached this connection: where fan-out found it not yet
-                // live, and (full backfill, or too many of those to note) every conversation,
-                // since one may have started while the first pass ran.
-                let owed = connection.go_live();
-                for (conversation, lowest) in owed.iter().flatten() {
-                    read_from(&mut positions, conversation.clone(), *lowest);
-                }
-                let complete = owed.is_some();
-                if (full || !complete)
-                    && let Ok(now) = self.device_conversations(&connection.user, &connection.device).await
-                {
-                    for (conversation, cursor) in now {
-                        positions.entry(conversation).or_insert(cursor);
-                    }
-                }
-            }
-            for (conversation, position) in &mut positions {
-                if connection.is_closed() {
-                    return; // gone (or closed by a shutdown): nothing more to push or read
-                }
-                let messages =
-                    match self.database.messages_after(conversation, *position, self.config.backfill_limit).await {
-                        Ok(messages) => messages,
-                        Err(error) => {
-                            tracing::warn!(%error, %conversation, "backfill: read failed; the device can sync");
-                            self.vitals.count_error();
-                            continue;
-                        }
-                    };
-                for message in messages {
-                    *position = message.seq;
-                    if is_own(&connection, &message) || !connection.claim_push(conversation, message.seq) {
-                        continue; // the device has it, or it was pushed live already
-                    }
-                    let wire = wire_message(&message);
-                    let frame = v1::Frame::new(0, v1::Deliver { message: Some(wire.clone()), attempt: 1 });
-                    if !connection.push_waiting(frame).await {
-                        return;
-                    }
-                    self.vitals.count_push(1);
-                    self.schedule_retry(Arc::clone(&connection), conversation.clone(), wire, 1);
-                }
-            }
-        }
-        connection.end_claims();
+    /// # Errors
+    /// [`PullError`] when the conversation is invalid or not the user's.
+    pub async fn history(&self, user: &UserId, request: v1::History) -> Result<v1::HistoryReply, PullError> {
+        let conversation = parse(&request.conversation)?;
+        let page = self.page(user, conversation, Span::Before(request.before_seq), request.limit).await?;
+        Ok(v1::HistoryReply {
+            conversation: page.conversation.to_string(),
+            messages: page.messages.iter().map(wire_message).collect(),
+            has_more: page.has_more,
+        })
     }
 
     /// Answers `sync`: what follows each cursor, and how far each answer is complete.
     ///
     /// # Errors
     /// [`PullError`] when a conversation is invalid or not the user's.
-    pub async fn sync(&self, connection: &Connection, request: v1::Sync) -> Result<v1::SyncReply, PullError> {
-        let limit = self.page(request.limit);
+    pub async fn sync(&self, session: &Session, request: v1::Sync) -> Result<v1::SyncReply, PullError> {
+        let limit = self.page_size(request.limit);
         let wanted: Vec<(ConversationId, u64)> = if request.cursors.is_empty() {
-            self.device_conversations(&connection.user, &connection.device).await?.into_iter().collect()
+            self.device_conversations(&session.user, &session.device).await?.into_iter().collect()
         } else {
-            let mut wanted = Vec::with_capacity(request.cursors.len());
-            for cursor in request.cursors {
-                let conversation =
-                    ConversationId::parse(&cursor.conversation).map_err(|e| PullError::Invalid(e.to_string()))?;
-                wanted.push((conversation, cursor.seq));
-            }
-            wanted
+            request
+                .cursors
+                .iter()
+                .map(|cursor| Ok((parse(&cursor.conversation)?, cursor.seq)))
+                .collect::<Result<_, PullError>>()?
         };
         let mut conversations = Vec::with_capacity(wanted.len());
         for (conversation, after) in wanted {
-            self.membership.check_read(&connection.user, &conversation).await?;
-            let messages = self.database.messages_after(&conversation, after, limit).await?;
-            let latest_seq = self.database.latest_seq(&conversation).await?;
+            self.membership.check_read(&session.user, &conversation).await?;
+            let messages = self.stores.messages.messages_after(&conversation, after, limit).await?;
+            let latest_seq = self.stores.messages.latest_seq(&conversation).await?;
             let complete_through_seq = if messages.len() as u32 == limit {
                 messages.last().map_or(after, |m| m.seq)
             } else {
-                // Everything durable was returned; a seq still being stored is not a gap.
-                match self.lanes.lowest_in_flight(&conversation) {
-                    Some(in_flight) => latest_seq.min(in_flight.saturating_sub(1)).max(after),
-                    None => latest_seq.max(after),
-                }
+                self.complete_through(&session.user, &conversation, after, latest_seq).await
             };
             conversations.push(v1::ConversationSync {
                 conversation: conversation.to_string(),
@@ -189,59 +149,74 @@ impl Delivery {
         Ok(v1::SyncReply { conversations })
     }
 
-    /// Answers `history`: a page of messages before `before_seq` (0 = the latest).
-    ///
-    /// # Errors
-    /// [`PullError`] when the conversation is invalid or not the user's.
-    pub async fn history(&self, user: &UserId, request: v1::History) -> Result<v1::HistoryReply, PullError> {
-        let conversation =
-            ConversationId::parse(&request.conversation).map_err(|e| PullError::Invalid(e.to_string()))?;
-        self.membership.check_read(user, &conversation).await?;
-        let limit = self.page(request.limit);
-        let mut messages = self.database.messages_before(&conversation, request.before_seq, limit + 1).await?;
-        let has_more = messages.len() > limit as usize;
-        if has_more {
-            messages.remove(0);
+    /// Everything durable after `after` was read: complete through the latest seq, unless
+    /// the owner is still storing a lower one (not a gap, just not there yet).
+    async fn complete_through(&self, user: &UserId, conversation: &ConversationId, after: u64, latest: u64) -> u64 {
+        match self.frontier.lowest_in_flight(user, conversation).await {
+            Ok(Some(in_flight)) => latest.min(in_flight.saturating_sub(1)).max(after),
+            Ok(None) => latest.max(after),
+            Err(error) => {
+                // Unknown: claim nothing beyond what the device had.
+                tracing::warn!(%error, %conversation, "the conversation's owner could not be asked what is in flight");
+                after
+            }
         }
-        Ok(v1::HistoryReply {
-            conversation: conversation.to_string(),
-            messages: messages.iter().map(wire_message).collect(),
-            has_more,
-        })
     }
 
-    /// Subscribes the connection to a room, with catch-up from `since_seq` if asked.
+    /// Subscribes the session to a room, with catch-up from `since_seq` if asked.
     ///
     /// # Errors
     /// [`PullError::Invalid`] when `room` is not a `room:` conversation.
-    pub async fn subscribe(
-        &self,
-        connection: &Connection,
-        request: v1::Subscribe,
-    ) -> Result<v1::Subscribed, PullError> {
+    pub async fn subscribe(&self, session: &Session, request: v1::Subscribe) -> Result<v1::Subscribed, PullError> {
         let room = room_of(&request.room)?;
-        self.rooms.subscribe(&room, connection.id);
-        let latest_seq = self.database.latest_seq(&room).await?;
+        if self.reach.rooms.subscribe(&room, session.id)
+            && let Err(error) = self.reach.room_directory.joined(&room, self.reach.this_node).await
+        {
+            tracing::warn!(%error, %room, "room directory unavailable; messages from other nodes may miss this one");
+        }
+        let latest_seq = self.stores.messages.latest_seq(&room).await?;
         let messages = match request.since_seq {
-            Some(since) => self.database.messages_after(&room, since, self.config.max_page).await?,
+            Some(since) => self.stores.messages.messages_after(&room, since, self.config.max_page).await?,
             None => Vec::new(),
         };
         Ok(v1::Subscribed { room: room.to_string(), latest_seq, messages: messages.iter().map(wire_message).collect() })
     }
 
-    /// Unsubscribes the connection from a room.
+    /// Unsubscribes the session from a room.
     ///
     /// # Errors
     /// [`PullError::Invalid`] when `room` is not a `room:` conversation.
-    pub fn unsubscribe(&self, connection: &Connection, request: &v1::Unsubscribe) -> Result<(), PullError> {
+    pub async fn unsubscribe(&self, session: &Session, request: &v1::Unsubscribe) -> Result<(), PullError> {
         let room = room_of(&request.room)?;
-        self.rooms.unsubscribe(&room, connection.id);
+        if self.reach.rooms.unsubscribe(&room, session.id) {
+            self.left_if_empty(&room).await;
+        }
         Ok(())
+    }
+
+    /// Forgets every room subscription of a closed session.
+    pub async fn drop_subscriptions(&self, session: &Session) {
+        for room in self.reach.rooms.drop_connection(session.id) {
+            self.left_if_empty(&room).await;
+        }
+    }
+
+    /// Tells the room directory this node has no subscriber of `room` left, if so.
+    async fn left_if_empty(&self, room: &ConversationId) {
+        if !self.reach.rooms.has_subscribers(room)
+            && let Err(error) = self.reach.room_directory.left(room, self.reach.this_node).await
+        {
+            tracing::warn!(%error, %room, "room directory unavailable; it keeps this node listed");
+        }
     }
 }
 
+fn parse(name: &str) -> Result<ConversationId, PullError> {
+    ConversationId::parse(name).map_err(|e| PullError::Invalid(e.to_string()))
+}
+
 fn room_of(name: &str) -> Result<ConversationId, PullError> {
-    let room = ConversationId::parse(name).map_err(|e| PullError::Invalid(e.to_string()))?;
+    let room = parse(name)?;
     match room.kind() {
         ConversationKind::Room(_) => Ok(room),
         _ => Err(PullError::Invalid(format!("{name} is not a room; rooms are room:<name>"))),

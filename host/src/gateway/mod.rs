@@ -1,398 +1,328 @@
 //! The WebSocket edge: `GET /v1/ws` (PROTOCOL.md).
 //!
 //! Per connection: a handshake (`connect` within the timeout, token checked), then a reader
-//! loop that decodes frames and dispatches them, and one writer task that owns the socket's
-//! sending half and drains a bounded queue. The server pings every `heartbeat_ms`; a
-//! connection silent for three intervals is closed and its routes removed. A second
-//! connection of the same user and device kicks the first (4009).
+//! loop that decodes frames and dispatches them ([`dispatch`]), and one writer task that
+//! owns the socket's sending half and drains a bounded queue ([`writer`]). The server pings
+//! every `heartbeat_ms`; a connection silent for three intervals is closed and its route
+//! removed. A second connection of the same user and device kicks the first (4009).
 //!
-//! A dropped connection is parked for `reconnect_grace_ms`; its device, back within that
-//! time (or reconnecting before the old connection was noticed dead, which kicks it), resumes
-//! from it: see [`connection`].
+//! The gateway is the only part that sees sockets: it hands the pipeline a
+//! [`SendRequest`](crate::routing::bus::SendRequest) and writes the ack it gets back, and
+//! gives delivery a [`Session`] whose outbox is the connection's queue.
+//!
+//! A dropped connection's session is parked for `reconnect_grace_ms`; its device, back
+//! within that time (or reconnecting before the old connection was noticed dead, which
+//! kicks it), resumes from it: see [`session`](crate::delivery::session).
 
 pub mod auth;
 pub mod connection;
+mod dispatch;
+mod writer;
 
 /// The `go_away` reason (and close reason) when the node shuts down.
 pub const DRAINING: &str = "server shutting down; reconnect";
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
-use bytes::Bytes;
+use futures_util::StreamExt;
 use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{SinkExt, StreamExt};
 use herald_proto::v1::{self, Frame, frame::Body};
-use herald_proto::{DecodeLimits, Encoding, SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO, decode_frame, encode_frame};
+use herald_proto::{DecodeLimits, Encoding, SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO};
 use tokio::sync::mpsc;
 
-use crate::clock::{SystemClock, WallClock};
-use crate::model::DeviceId;
-use crate::node::Node;
-use crate::pipeline::Admission;
+use crate::clock::WallClock;
+use crate::config::GatewayConfig;
+use crate::delivery::Delivery;
+use crate::delivery::session::Session;
+use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
+use crate::pipeline::Pipeline;
+use crate::plugins::PluginHost;
+use crate::routing::RouteTable;
+
 use crate::routing::Route;
-use connection::{Connection, close};
+use auth::Authenticator;
+use connection::{CloseReason, Connection, Connections, close};
+use dispatch::{next_frame, read_loop};
+use writer::{close_now, write_loop};
 
 /// `GET /v1/ws`: upgrades and hands the socket to [`serve_socket`].
-pub async fn upgrade(State(node): State<Arc<Node>>, upgrade: WebSocketUpgrade) -> Response {
-    let max = node.config.gateway.max_frame_bytes;
+pub async fn upgrade(State(gateway): State<Arc<Gateway>>, upgrade: WebSocketUpgrade) -> Response {
+    let max = gateway.config.max_frame_bytes;
     upgrade
         .protocols([SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON])
         .max_message_size(max)
         .max_frame_size(max)
         .read_buffer_size(4096)
         .write_buffer_size(16 * 1024)
-        .on_upgrade(move |socket| serve_socket(node, socket))
+        .on_upgrade(move |socket| serve_socket(gateway, socket))
 }
 
-/// A reason to stop reading: the close code and what to tell the client.
-type Stop = (u16, String);
+/// The edge of one node: what the gateway needs to admit a connection and serve it.
+pub struct Gateway {
+    pub config: GatewayConfig,
+    pub auth: Authenticator,
+    pub clock: Arc<dyn WallClock>,
+    pub routes: Arc<dyn RouteTable>,
+    /// Open connections' transports (their sessions are delivery's).
+    pub connections: Connections,
+    pub pipeline: Arc<Pipeline>,
+    pub delivery: Arc<Delivery>,
+    /// The connect hook.
+    pub plugins: Arc<PluginHost>,
+    next_connection: AtomicU64,
+    /// Shutdown has begun: connections are sent away as soon as they are made.
+    draining: AtomicBool,
+}
 
-async fn serve_socket(node: Arc<Node>, socket: WebSocket) {
+impl Gateway {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: GatewayConfig,
+        auth: Authenticator,
+        clock: Arc<dyn WallClock>,
+        routes: Arc<dyn RouteTable>,
+        pipeline: Arc<Pipeline>,
+        delivery: Arc<Delivery>,
+        plugins: Arc<PluginHost>,
+    ) -> Self {
+        Self {
+            config,
+            auth,
+            clock,
+            routes,
+            connections: Connections::default(),
+            pipeline,
+            delivery,
+            plugins,
+            next_connection: AtomicU64::new(1),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// This node.
+    pub fn this_node(&self) -> NodeId {
+        self.delivery.this_node()
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Sends every connection (and any that finishes its handshake from now on) `go_away`,
+    /// then closes it with 1012; waits up to 2 s for the writers to put that on the wire.
+    pub async fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        let sent_away = self.connections.go_away_all(DRAINING, self.config.go_away_spread_ms);
+        // A client that stopped reading does not hold shutdown up for long.
+        let written = futures_util::future::join_all(sent_away.iter().map(|c| c.writer_finished()));
+        if tokio::time::timeout(Duration::from_secs(2), written).await.is_err() {
+            tracing::warn!("some connections did not take their go_away within 2 s");
+        }
+    }
+}
+
+/// One authenticated client: its transport, and its session as delivery sees it.
+pub(crate) struct Client {
+    pub connection: Arc<Connection>,
+    pub session: Arc<Session>,
+}
+
+async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket) {
     let encoding = socket
         .protocol()
         .and_then(|protocol| protocol.to_str().ok())
         .and_then(Encoding::from_subprotocol)
         .unwrap_or(Encoding::Proto);
-    let limits = DecodeLimits { max_frame_bytes: node.config.gateway.max_frame_bytes, ..DecodeLimits::default() };
+    let limits = DecodeLimits { max_frame_bytes: gateway.config.max_frame_bytes, ..DecodeLimits::default() };
     let (mut sink, mut stream) = socket.split();
-
-    let (rid, connect) = match handshake(&node, &mut stream, &limits).await {
-        Ok(connect) => connect,
-        Err(Some((code, reason))) => return close_now(&mut sink, code, reason).await,
+    let (rid, user, device) = match admit(&gateway, &mut stream, &limits).await {
+        Ok(admitted) => admitted,
+        Err(Some(why)) => return close_now(&mut sink, why).await,
         Err(None) => return,
     };
-    let (user, device) = match authenticate(&node, &connect) {
-        Ok(identity) => identity,
-        Err((code, reason)) => return close_now(&mut sink, code, reason).await,
-    };
-    let user = match authorize(&node, user, &device).await {
-        Ok(user) => user,
-        Err((code, reason)) => return close_now(&mut sink, code, reason).await,
-    };
-    let (outbox, queued) = mpsc::channel(node.config.gateway.send_queue);
-    let id = node.next_connection.fetch_add(1, Ordering::Relaxed);
-    let connection = Arc::new(Connection::new(id, user, device, outbox));
-    attach(&node, &connection, rid, queued, sink, encoding).await;
-    let stop = read_loop(&node, &connection, &mut stream, &limits).await;
-    connection.close(stop.0, &stop.1);
-    detach(&node, &connection).await;
+    let (outbox, queued) = mpsc::channel(gateway.config.send_queue);
+    let id = ConnectionId(gateway.next_connection.fetch_add(1, Ordering::Relaxed));
+    let connection = Arc::new(Connection::new(id, outbox));
+    let session = Arc::new(Session::new(id, user, device, Arc::clone(&connection) as _));
+    let client = Client { connection, session };
+    attach(&gateway, &client, rid, queued, sink, encoding).await;
+    let why = read_loop(&gateway, &client, &mut stream, &limits).await;
+    client.connection.close(why);
+    detach(&gateway, &client).await;
+}
+
+/// The handshake: a `connect` frame in time, a valid token, and the connect hook's yes.
+/// Returns the request id of `connect` and who connected, or the close to send.
+async fn admit(
+    gateway: &Gateway,
+    stream: &mut SplitStream<WebSocket>,
+    limits: &DecodeLimits,
+) -> Result<(u32, UserId, DeviceId), Option<CloseReason>> {
+    let (rid, connect) = handshake(gateway, stream, limits).await?;
+    let (user, device) = authenticate(gateway, &connect)?;
+    let user = authorize(gateway, user, &device).await?;
+    Ok((rid, user, device))
 }
 
 /// Waits for the first frame, which must be `connect`.
 async fn handshake(
-    node: &Node,
+    gateway: &Gateway,
     stream: &mut SplitStream<WebSocket>,
     limits: &DecodeLimits,
-) -> Result<(u32, v1::Connect), Option<Stop>> {
-    let timeout = Duration::from_millis(node.config.gateway.connect_timeout_ms);
+) -> Result<(u32, v1::Connect), Option<CloseReason>> {
+    let timeout = Duration::from_millis(gateway.config.connect_timeout_ms);
     let first = match tokio::time::timeout(timeout, next_frame(stream, limits)).await {
-        Err(_) => return Err(Some((close::NO_CONNECT, format!("no connect within {} ms", timeout.as_millis())))),
+        Err(_) => {
+            return Err(Some(CloseReason::new(
+                close::NO_CONNECT,
+                format!("no connect within {} ms", timeout.as_millis()),
+            )));
+        }
         Ok(first) => first?,
     };
     match first.body {
         Some(Body::Connect(connect)) => Ok((first.rid, connect)),
-        Some(other) => Err(Some((close::PROTOCOL_ERROR, format!("expected connect first, got {}", other.name())))),
-        None => Err(Some((close::PROTOCOL_ERROR, "frame without a body".into()))),
+        Some(other) => {
+            Err(Some(CloseReason::new(close::PROTOCOL_ERROR, format!("expected connect first, got {}", other.name()))))
+        }
+        None => Err(Some(CloseReason::new(close::PROTOCOL_ERROR, "frame without a body"))),
     }
 }
 
 /// The user and device a `connect` proves, or the close to send.
-fn authenticate(node: &Node, connect: &v1::Connect) -> Result<(crate::model::UserId, DeviceId), Stop> {
-    let user = node.auth.authenticate(&connect.token).map_err(|error| (close::BAD_TOKEN, error.to_string()))?;
-    let device = DeviceId::parse(&connect.device_id).map_err(|error| (close::PROTOCOL_ERROR, error.to_string()))?;
+fn authenticate(gateway: &Gateway, connect: &v1::Connect) -> Result<(UserId, DeviceId), Option<CloseReason>> {
+    let user = gateway
+        .auth
+        .authenticate(&connect.token)
+        .map_err(|error| CloseReason::new(close::BAD_TOKEN, error.to_string()))?;
+    let device = DeviceId::parse(&connect.device_id)
+        .map_err(|error| CloseReason::new(close::PROTOCOL_ERROR, error.to_string()))?;
     Ok((user, device))
 }
 
 /// The connect hook: may refuse the connection (4003) or replace its user id.
-async fn authorize(node: &Node, user: crate::model::UserId, device: &DeviceId) -> Result<crate::model::UserId, Stop> {
+async fn authorize(gateway: &Gateway, user: UserId, device: &DeviceId) -> Result<UserId, Option<CloseReason>> {
     use crate::plugins::types::{ConnectDecision, ConnectRequest};
     let request = ConnectRequest { user: user.to_string(), device: device.to_string(), claims: Vec::new() };
-    match node.plugins.host.connect(&request).await {
+    match gateway.plugins.connect(&request).await {
         ConnectDecision::Allow(None) => Ok(user),
-        ConnectDecision::Allow(Some(replacement)) => crate::model::UserId::parse(&replacement)
-            .map_err(|error| (close::NOT_ALLOWED, format!("the connect hook gave an invalid user id: {error}"))),
-        ConnectDecision::Deny(reason) => Err((close::NOT_ALLOWED, reason)),
+        ConnectDecision::Allow(Some(replacement)) => UserId::parse(&replacement).map_err(|error| {
+            Some(CloseReason::new(close::NOT_ALLOWED, format!("the connect hook gave an invalid user id: {error}")))
+        }),
+        ConnectDecision::Deny(reason) => Err(Some(CloseReason::new(close::NOT_ALLOWED, reason))),
     }
 }
 
 /// Registers the connection, starts its writer, sends `connected`, kicks an older
 /// connection of the same device and starts the backfill.
 async fn attach(
-    node: &Arc<Node>,
-    connection: &Arc<Connection>,
+    gateway: &Arc<Gateway>,
+    client: &Client,
     rid: u32,
     queued: mpsc::Receiver<Frame>,
     sink: SplitSink<WebSocket, Message>,
     encoding: Encoding,
 ) {
-    node.connections.insert(Arc::clone(connection));
-    if node.is_draining() {
+    let (connection, session) = (&client.connection, &client.session);
+    gateway.connections.insert(Arc::clone(connection));
+    gateway.delivery.sessions().insert(Arc::clone(session));
+    if gateway.is_draining() {
         // Shutdown began after this connection was accepted: it gets what the others got.
-        connection.go_away(DRAINING, node.config.gateway.go_away_spread_ms);
+        connection.go_away(DRAINING, gateway.config.go_away_spread_ms);
     }
-    let heartbeat = Duration::from_millis(node.config.gateway.heartbeat_ms);
-    tokio::spawn(write_loop(sink, queued, Arc::clone(connection), heartbeat, encoding));
+    let heartbeat = Duration::from_millis(gateway.config.heartbeat_ms);
+    tokio::spawn(write_loop(sink, queued, Arc::clone(connection), heartbeat, encoding, Arc::clone(&gateway.clock)));
+    let this_node = gateway.this_node();
     connection.push(Frame::new(
         rid,
         v1::Connected {
-            user_id: connection.user.to_string(),
-            device_id: connection.device.to_string(),
-            node_id: node.config.node_id,
-            session_id: format!("{}-{}", node.config.node_id, connection.id),
-            heartbeat_ms: u32::try_from(node.config.gateway.heartbeat_ms).unwrap_or(u32::MAX),
-            server_time_ms: node.clock.now_ms(),
+            user_id: session.user.to_string(),
+            device_id: session.device.to_string(),
+            node_id: this_node.0,
+            session_id: format!("{this_node}-{}", connection.id),
+            heartbeat_ms: u32::try_from(gateway.config.heartbeat_ms).unwrap_or(u32::MAX),
+            server_time_ms: gateway.clock.now_ms(),
         },
     ));
-    let route = Route {
-        user: connection.user.clone(),
-        device: connection.device.clone(),
-        node: node.config.node_id,
-        connection: connection.id,
-        connected_at_ms: node.clock.now_ms(),
-    };
-    let kicked = match node.routes.login(route).await {
-        Ok(Some(replaced)) if replaced.connection != connection.id && replaced.node == node.config.node_id => {
-            node.connections.get(replaced.connection)
-        }
-        Ok(_) => None,
-        Err(error) => {
-            tracing::warn!(%error, "route table unavailable at login");
-            None
-        }
-    };
-    if let Some(old) = &kicked {
-        old.close(close::KICKED, "the same user and device connected again");
-    }
-    // After the login, so that every offer reaches the old connection or this one.
-    let parked = node.connections.unpark(&connection.user, &connection.device);
-    if let Some(previous) = kicked.or(parked) {
-        let resumed = connection.resume_from(&previous);
+    let previous = kick_previous(gateway, session).await;
+    // After the login, so that every offer reaches the old session or this one.
+    let parked = gateway.delivery.sessions().unpark(&session.user, &session.device);
+    if let Some(previous) = previous.or(parked) {
+        let resumed = session.resume_from(&previous);
         metrics::counter!("herald_gateway_reconnects_total", "resumed" => if resumed { "yes" } else { "no" })
             .increment(1);
     }
-    count_connections(node);
+    count_connections(gateway);
     tokio::spawn({
-        let delivery = Arc::clone(&node.delivery);
-        let connection = Arc::clone(connection);
-        async move { delivery.backfill(connection).await }
+        let (delivery, session) = (Arc::clone(&gateway.delivery), Arc::clone(session));
+        async move { delivery.backfill(session).await }
     });
 }
 
-/// Removes a closed connection: its route and room subscriptions go; the connection itself
-/// is parked for `reconnect_grace_ms` (not while draining), so that its device, back within
-/// that time, resumes from it instead of being backfilled from scratch.
-async fn detach(node: &Arc<Node>, connection: &Arc<Connection>) {
-    node.rooms.drop_connection(connection.id);
-    let grace = node.config.gateway.reconnect_grace_ms;
+/// Logs the device in; closes the connection it replaces (4009), here or on its node, and
+/// returns that connection's session when it was here.
+async fn kick_previous(gateway: &Gateway, session: &Session) -> Option<Arc<Session>> {
+    let route = Route {
+        user: session.user.clone(),
+        device: session.device.clone(),
+        node: gateway.this_node(),
+        connection: session.id,
+        connected_at_ms: gateway.clock.now_ms(),
+    };
+    let replaced = match gateway.routes.login(route).await {
+        Ok(Some(replaced)) if replaced.node != gateway.this_node() || replaced.connection != session.id => replaced,
+        Ok(_) => return None,
+        Err(error) => {
+            tracing::warn!(%error, "route table unavailable at login");
+            return None;
+        }
+    };
+    if replaced.node != gateway.this_node() {
+        if let Err(error) = gateway.delivery.bus().kick(&replaced).await {
+            tracing::warn!(%error, "the gateway holding the replaced connection could not be told to close it");
+        }
+        return None;
+    }
+    if let Some(old) = gateway.connections.get(replaced.connection) {
+        old.close(CloseReason::new(close::KICKED, "the same user and device connected again"));
+    }
+    gateway.delivery.sessions().get(replaced.connection)
+}
+
+/// Removes a closed connection: its route and room subscriptions go; its session is parked
+/// for `reconnect_grace_ms` (not while draining), so that its device, back within that
+/// time, resumes from it instead of being backfilled in full.
+async fn detach(gateway: &Arc<Gateway>, client: &Client) {
+    let session = &client.session;
+    gateway.delivery.drop_subscriptions(session).await;
+    let grace = gateway.config.reconnect_grace_ms;
+    let sessions = &gateway.delivery.sessions();
     // Parked before the route goes, so fan-out always finds one or the other.
-    if grace > 0 && !node.is_draining() && connection.park() {
-        node.connections.park(Arc::clone(connection));
-        let (node, connection) = (Arc::clone(node), Arc::clone(connection));
+    if grace > 0 && !gateway.is_draining() && session.park() {
+        sessions.park(Arc::clone(session));
+        let (gateway, session) = (Arc::clone(gateway), Arc::clone(session));
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(grace)).await;
-            node.connections.expire(&connection);
-            count_connections(&node);
+            gateway.delivery.sessions().expire(&session);
+            count_connections(&gateway);
         });
     }
-    if let Err(error) = node.routes.logout(&connection.user, &connection.device, connection.id).await {
+    if let Err(error) = gateway.routes.logout(&session.user, &session.device, gateway.this_node(), session.id).await {
         tracing::warn!(%error, "route table unavailable at logout");
     }
-    node.connections.remove(connection.id);
-    count_connections(node);
+    gateway.connections.remove(client.connection.id);
+    sessions.remove(session.id);
+    count_connections(gateway);
 }
 
 /// Sets the gauges of open and parked connections.
-fn count_connections(node: &Node) {
-    metrics::gauge!("herald_gateway_connections").set(node.connections.len() as f64);
-    metrics::gauge!("herald_gateway_parked").set(node.connections.parked_len() as f64);
-}
-
-/// Reads and dispatches frames until the connection should close; returns why.
-async fn read_loop(
-    node: &Arc<Node>,
-    connection: &Arc<Connection>,
-    stream: &mut SplitStream<WebSocket>,
-    limits: &DecodeLimits,
-) -> Stop {
-    let silence = Duration::from_millis(node.config.gateway.heartbeat_ms.saturating_mul(3));
-    loop {
-        let frame = tokio::select! {
-            next = tokio::time::timeout(silence, next_frame(stream, limits)) => match next {
-                Err(_) => return (close::NORMAL, "no traffic for 3 heartbeat intervals".into()),
-                Ok(Ok(frame)) => frame,
-                Ok(Err(Some(stop))) => return stop,
-                Ok(Err(None)) => return (close::NORMAL, String::new()),
-            },
-            () = connection.closing() => return (close::NORMAL, String::new()),
-        };
-        if let Err(stop) = dispatch(node, connection, frame).await {
-            return stop;
-        }
-    }
-}
-
-/// Reads the next frame: `Err(None)` when the peer went away, `Err(Some(close))` for a
-/// frame that must close the connection.
-/// Binary messages are protobuf and text messages JSON, whichever subprotocol was chosen.
-async fn next_frame(stream: &mut SplitStream<WebSocket>, limits: &DecodeLimits) -> Result<Frame, Option<Stop>> {
-    loop {
-        let message = match stream.next().await {
-            None => return Err(None),
-            Some(Ok(message)) => message,
-            Some(Err(error)) => {
-                let text = error.to_string();
-                return Err(if text.contains("too long") || text.contains("too big") || text.contains("Space limit") {
-                    Some((close::TOO_BIG, format!("frame larger than {} bytes", limits.max_frame_bytes)))
-                } else {
-                    None
-                });
-            }
-        };
-        let (bytes, encoding) = match message {
-            Message::Binary(bytes) => (bytes, Encoding::Proto),
-            Message::Text(text) => (Bytes::copy_from_slice(text.as_str().as_bytes()), Encoding::Json),
-            Message::Ping(_) | Message::Pong(_) => continue,
-            Message::Close(_) => return Err(None),
-        };
-        return decode_frame(bytes, encoding, limits).map_err(|error| Some((error.close_code(), error.to_string())));
-    }
-}
-
-fn error_frame(rid: u32, code: &str, message: String) -> Frame {
-    Frame::new(rid, v1::Error { code: code.to_owned(), message, rid })
-}
-
-/// Handles one frame from an authenticated client.
-async fn dispatch(node: &Arc<Node>, connection: &Arc<Connection>, frame: Frame) -> Result<(), Stop> {
-    let rid = frame.rid;
-    let Some(body) = frame.body else { return Err((close::PROTOCOL_ERROR, "frame without a body".into())) };
-    match body {
-        Body::Send(send) => match node.pipeline.admit(connection, rid, send).await {
-            Admission::Done(ack) => {
-                connection.push(Frame::new(rid, ack));
-            }
-            Admission::Wait(rest) => {
-                tokio::spawn(rest);
-            }
-        },
-        Body::DeliverAck(ack) => match crate::model::ConversationId::parse(&ack.conversation) {
-            Ok(conversation) => node.delivery.ack(connection, &conversation, ack.seq).await,
-            Err(error) => {
-                connection.push(error_frame(rid, "invalid", error.to_string()));
-            }
-        },
-        Body::Sync(sync) => {
-            let (delivery, connection) = (Arc::clone(&node.delivery), Arc::clone(connection));
-            tokio::spawn(async move {
-                let reply = match delivery.sync(&connection, sync).await {
-                    Ok(reply) => Frame::new(rid, reply),
-                    Err(error) => error_frame(rid, error.code(), error.to_string()),
-                };
-                connection.push(reply);
-            });
-        }
-        Body::History(history) => {
-            let (delivery, connection) = (Arc::clone(&node.delivery), Arc::clone(connection));
-            tokio::spawn(async move {
-                let reply = match delivery.history(&connection.user, history).await {
-                    Ok(reply) => Frame::new(rid, reply),
-                    Err(error) => error_frame(rid, error.code(), error.to_string()),
-                };
-                connection.push(reply);
-            });
-        }
-        // In order with the sends that follow: a send right after subscribe must pass.
-        Body::Subscribe(subscribe) => {
-            let reply = match node.delivery.subscribe(connection, subscribe).await {
-                Ok(reply) => Frame::new(rid, reply),
-                Err(error) => error_frame(rid, error.code(), error.to_string()),
-            };
-            connection.push(reply);
-        }
-        Body::Unsubscribe(unsubscribe) => {
-            if let Err(error) = node.delivery.unsubscribe(connection, &unsubscribe) {
-                connection.push(error_frame(rid, error.code(), error.to_string()));
-            }
-        }
-        Body::Ping(ping) => {
-            connection.push(Frame::new(rid, v1::Pong { time_ms: ping.time_ms }));
-        }
-        Body::Pong(_) => {}
-        other => return Err((close::PROTOCOL_ERROR, format!("{} is not a frame a client sends here", other.name()))),
-    }
-    Ok(())
-}
-
-/// The only task that writes to the socket: queued frames, pings, and the final close.
-async fn write_loop(
-    mut sink: SplitSink<WebSocket, Message>,
-    mut queued: mpsc::Receiver<Frame>,
-    connection: Arc<Connection>,
-    heartbeat: Duration,
-    encoding: Encoding,
-) {
-    /// Tells the connection its writer stopped, however the loop ends.
-    struct Stopped<'a>(&'a Connection);
-    impl Drop for Stopped<'_> {
-        fn drop(&mut self) {
-            self.0.writer_stopped();
-        }
-    }
-    let _stopped = Stopped(&connection);
-    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
-    loop {
-        let outgoing = tokio::select! {
-            biased;
-            (code, reason) = connection.close_requested() => {
-                if let Some(message) = connection.take_farewell().and_then(|frame| to_message(&frame, encoding)) {
-                    let _ = sink.send(message).await;
-                }
-                let _ = sink.send(close_message(code, &reason)).await;
-                let _ = sink.close().await;
-                return;
-            }
-            frame = queued.recv() => match frame {
-                Some(frame) => frame,
-                None => return,
-            },
-            _ = ping.tick() => Frame::new(0, v1::Ping { time_ms: SystemClock.now_ms() }),
-        };
-        let Some(message) = to_message(&outgoing, encoding) else { continue };
-        if sink.send(message).await.is_err() {
-            connection.close(close::NORMAL, "");
-            return;
-        }
-    }
-}
-
-/// `frame` as a WebSocket message in the connection's encoding (`None`, logged, if it
-/// cannot be encoded).
-fn to_message(frame: &Frame, encoding: Encoding) -> Option<Message> {
-    match encode_frame(frame, encoding) {
-        Ok(bytes) if encoding == Encoding::Json => String::from_utf8(bytes).ok().map(|text| Message::Text(text.into())),
-        Ok(bytes) => Some(Message::Binary(bytes.into())),
-        Err(error) => {
-            tracing::error!(%error, "a frame could not be encoded");
-            None
-        }
-    }
-}
-
-async fn close_now(sink: &mut SplitSink<WebSocket, Message>, code: u16, reason: String) {
-    let _ = sink.send(close_message(code, &reason)).await;
-    let _ = sink.close().await;
-}
-
-/// A close frame; the reason is cut to fit a control frame (125 bytes, 2 of them the code).
-fn close_message(code: u16, reason: &str) -> Message {
-    let mut end = reason.len().min(123);
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    Message::Close(Some(CloseFrame { code, reason: reason[..end].into() }))
+fn count_connections(gateway: &Gateway) {
+    metrics::gauge!("herald_gateway_connections").set(gateway.connections.len() as f64);
+    metrics::gauge!("herald_gateway_parked").set(gateway.delivery.sessions().parked_len() as f64);
 }

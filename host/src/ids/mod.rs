@@ -7,5 +7,7 @@
 pub mod seq;
 pub mod snowflake;
 
-pub use seq::{LeaseError, SegmentLeaser, SeqAllocator, SeqConfig, SeqRange};
+pub use crate::config::SeqConfig;
+pub use crate::store::{LeaseError, SeqRange};
+pub use seq::SeqAllocator;
 pub use snowflake::{SnowflakeGenerator, decompose};

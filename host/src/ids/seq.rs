@@ -28,119 +28,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use dashmap::DashMap;
-use serde::Deserialize;
 use tokio::time::Instant;
 
+use crate::config::{MAX_PREFETCH, SeqConfig};
 use crate::model::ConversationId;
-
-/// An inclusive range of seqs reserved for one allocator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SeqRange {
-    /// The first seq of the range.
-    pub first: u64,
-    /// The last seq of the range (inclusive).
-    pub last: u64,
-}
-
-/// A lease could not be taken from the database.
-#[derive(Debug, thiserror::Error)]
-#[error("could not lease seqs for {conversation}: {reason}")]
-pub struct LeaseError {
-    /// The conversation whose segment was wanted.
-    pub conversation: String,
-    /// What the database said.
-    pub reason: String,
-}
-
-/// Where segments come from: the `session_seq` table of whichever backend is configured.
-#[async_trait]
-pub trait SegmentLeaser: Send + Sync + 'static {
-    /// Atomically moves `conversation`'s high-water mark up by `step` and returns the range
-    /// in between, which no other caller, on any node, can ever be given.
-    ///
-    /// # Errors
-    /// [`LeaseError`] when the database cannot be reached or the transaction fails.
-    async fn lease(&self, conversation: &ConversationId, step: u64) -> Result<SeqRange, LeaseError>;
-}
-
-/// Tuning of the allocator; `[seq]` in the config file.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SeqConfig {
-    /// Smallest segment, used for quiet conversations (bounds what a crash wastes).
-    pub min_step: u64,
-    /// Largest segment, used for the hottest conversations.
-    pub max_step: u64,
-    /// How long a segment should last; the step adapts towards it.
-    #[serde(rename = "segment_lifetime_ms", with = "crate::config::millis")]
-    pub segment_lifetime: Duration,
-    /// Fraction of a segment used before the next one is leased in the background.
-    pub prefetch_at: f64,
-    /// Segments kept leased ahead of the one in use (at least 1). More than one absorbs a
-    /// lease that is slow now and then (a busy database, a descheduled thread) without a
-    /// caller waiting, at the cost of more seqs skipped when the node stops.
-    pub prefetch_segments: usize,
-    /// When a conversation's segments last less than this (a hot one whose step is capped
-    /// at `max_step`, or one whose step is still growing), more segments are kept ahead,
-    /// enough for this long at its current pace (at most 256): a lease that is slow now and
-    /// then is then absorbed however hot the conversation. More seqs are skipped on a crash.
-    #[serde(rename = "prefetch_ahead_ms", with = "crate::config::millis")]
-    pub prefetch_ahead: Duration,
-    /// A conversation no seq was taken from for this long (up to twice as long) is
-    /// forgotten: its memory is freed and the rest of its leased segments skipped (a gap).
-    /// Zero keeps every conversation a node ever served in memory.
-    #[serde(rename = "evict_idle_ms", with = "crate::config::millis")]
-    pub evict_idle: Duration,
-}
-
-impl Default for SeqConfig {
-    fn default() -> Self {
-        Self {
-            min_step: 16,
-            max_step: 8192,
-            segment_lifetime: Duration::from_secs(10),
-            prefetch_at: 0.5,
-            prefetch_segments: 2,
-            prefetch_ahead: Duration::from_millis(50),
-            evict_idle: Duration::from_secs(300),
-        }
-    }
-}
-
-impl SeqConfig {
-    /// Checks the bounds make sense together.
-    ///
-    /// # Errors
-    /// A message naming the offending setting.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.min_step == 0 || self.min_step > self.max_step {
-            return Err(format!(
-                "seq.min_step ({}) must be at least 1 and at most seq.max_step ({})",
-                self.min_step, self.max_step
-            ));
-        }
-        if self.prefetch_segments == 0 || self.prefetch_segments > MAX_PREFETCH {
-            return Err(format!("seq.prefetch_segments ({}) must be 1..={MAX_PREFETCH}", self.prefetch_segments));
-        }
-        if !(0.0..1.0).contains(&self.prefetch_at) {
-            return Err(format!("seq.prefetch_at ({}) must be in [0, 1)", self.prefetch_at));
-        }
-        Ok(())
-    }
-}
-
-/// Most segments ever kept leased ahead of the one in use. Only a conversation whose
-/// segments last well under `prefetch_ahead` gets near it: 256 segments of 1000 cover 29 ms
-/// at 8.7 M seqs/s (the renewals bench's tight loop), longer than the SQLite stalls seen
-/// there; 64 covered 7 ms and was outlasted. A crash skips at most this many segments.
-const MAX_PREFETCH: usize = 256;
+use crate::store::{LeaseError, SeqLeases, SeqRange};
 
 /// Hands out seqs for every conversation this node owns.
 pub struct SeqAllocator {
     /// The database side of leases.
-    leaser: Arc<dyn SegmentLeaser>,
+    leaser: Arc<dyn SeqLeases>,
     /// Step bounds and prefetch point.
     config: SeqConfig,
     /// Local segments, one entry per conversation in use. The fast path takes a seq under
@@ -306,7 +204,7 @@ fn split(range: SeqRange, step: u64) -> impl Iterator<Item = SeqRange> {
 
 impl SeqAllocator {
     /// An allocator leasing from `leaser`.
-    pub fn new(leaser: Arc<dyn SegmentLeaser>, config: SeqConfig) -> Self {
+    pub fn new(leaser: Arc<dyn SeqLeases>, config: SeqConfig) -> Self {
         Self {
             leaser,
             config,
@@ -459,6 +357,7 @@ impl SeqAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use async_trait::async_trait;
     use std::collections::HashMap;
     use std::sync::Mutex;
     use std::sync::atomic::AtomicUsize;
@@ -474,7 +373,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl SegmentLeaser for MemoryLeaser {
+    impl SeqLeases for MemoryLeaser {
         async fn lease(&self, conversation: &ConversationId, step: u64) -> Result<SeqRange, LeaseError> {
             self.leases.fetch_add(1, Ordering::SeqCst);
             let delay = self.delays_ms.lock().expect("not poisoned").pop_front().unwrap_or(1);
@@ -661,7 +560,7 @@ mod tests {
     async fn failed_lease_is_reported_and_retry_succeeds() {
         struct Flaky(AtomicUsize);
         #[async_trait]
-        impl SegmentLeaser for Flaky {
+        impl SeqLeases for Flaky {
             async fn lease(&self, conversation: &ConversationId, step: u64) -> Result<SeqRange, LeaseError> {
                 if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
                     return Err(LeaseError { conversation: conversation.to_string(), reason: "down".into() });

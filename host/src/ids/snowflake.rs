@@ -25,7 +25,8 @@ pub const NODE_BITS: u32 = 10;
 /// Bits of sequence within one millisecond: 4096 ids per ms per node.
 pub const SEQUENCE_BITS: u32 = 12;
 /// The largest node id.
-pub const MAX_NODE_ID: u16 = (1 << NODE_BITS) - 1;
+pub use crate::model::MAX_NODE_ID;
+const _: () = assert!(MAX_NODE_ID as u64 == (1 << NODE_BITS) - 1, "node ids fill the node bits");
 const MAX_SEQUENCE: u64 = (1 << SEQUENCE_BITS) - 1;
 const TIMESTAMP_BITS: u32 = 41;
 const MAX_TIMESTAMP: u64 = (1 << TIMESTAMP_BITS) - 1;

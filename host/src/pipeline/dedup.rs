@@ -11,32 +11,50 @@
 //! is bounded (`delivery.dedup_max_marks`). A mark evicted early costs only a trip to the
 //! unique index, which answers the duplicate with the original's ids all the same.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 use tokio::sync::watch;
 
-use crate::model::{ClientMsgId, UserId};
+use super::SendError;
+use crate::model::{ClientMsgId, ConversationId, UserId};
 
 /// The ids a stored message was given: what a duplicate is answered with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub message_id: u64,
     pub seq: u64,
-    pub conversation: String,
+    pub conversation: ConversationId,
 }
+
+/// The outcome of a send in flight elsewhere, once it ends.
+pub type Original = Pin<Box<dyn Future<Output = Result<Outcome, SendError>> + Send>>;
 
 /// What taking a mark found.
 pub enum Mark {
-    /// The mark is ours: process the send, then [`Dedup::complete`] or [`Dedup::cancel`].
+    /// The mark is ours: process the send, then complete or cancel it.
     Fresh,
     /// Stored before, with these ids.
     Stored(Outcome),
-    /// Being processed right now; the receiver yields `Some(outcome)` when stored, or
-    /// `None` if the original failed.
-    InFlight(watch::Receiver<Option<Option<Outcome>>>),
+    /// Being processed right now: resolves to its ids once stored, or to why to retry.
+    InFlight(Original),
+}
+
+/// Dedup marks on (sender, client_msg_id). Embedded: this process ([`LocalDedup`]).
+/// Cluster: shared by the nodes, since a retry may reach another owner after a ring change.
+#[async_trait]
+pub trait DedupMarks: Send + Sync + 'static {
+    /// Takes the mark for (`sender`, `client_msg_id`), or says who holds it.
+    async fn try_mark(&self, sender: &UserId, client_msg_id: &ClientMsgId) -> Mark;
+    /// The send was stored: duplicates are answered with `outcome` until the mark expires.
+    async fn complete(&self, sender: &UserId, client_msg_id: &ClientMsgId, outcome: Outcome);
+    /// The send failed: drop the mark so a retry is processed.
+    async fn cancel(&self, sender: &UserId, client_msg_id: &ClientMsgId);
 }
 
 /// One mark: the watch channel is its state — `None` while the send is in flight, then
@@ -44,26 +62,42 @@ pub enum Mark {
 type Slot = Arc<watch::Sender<Option<Option<Outcome>>>>;
 
 /// Waits for the send holding a mark to end: its ids once stored, or why it did not store.
-///
-/// # Errors
-/// A reason to retry when the original failed or was abandoned.
-pub async fn await_original(mut original: watch::Receiver<Option<Option<Outcome>>>) -> Result<Outcome, &'static str> {
+async fn await_original(mut original: watch::Receiver<Option<Option<Outcome>>>) -> Result<Outcome, SendError> {
     loop {
         if let Some(outcome) = original.borrow_and_update().clone() {
-            return outcome.ok_or("the original send failed; retry");
+            return outcome.ok_or(SendError::OriginalFailed);
         }
         if original.changed().await.is_err() {
-            return Err("the original send was abandoned; retry");
+            return Err(SendError::OriginalAbandoned);
         }
     }
 }
 
-/// In-process dedup marks (embedded mode; Redis `SET NX PX` in cluster mode).
-pub struct Dedup {
+/// In-process dedup marks (embedded mode).
+pub struct LocalDedup {
     marks: Cache<(UserId, ClientMsgId), Slot>,
 }
 
-impl Dedup {
+#[async_trait]
+impl DedupMarks for LocalDedup {
+    async fn try_mark(&self, sender: &UserId, client_msg_id: &ClientMsgId) -> Mark {
+        self.try_mark_now(sender, client_msg_id)
+    }
+
+    async fn complete(&self, sender: &UserId, client_msg_id: &ClientMsgId, outcome: Outcome) {
+        if let Some(slot) = self.marks.get(&(sender.clone(), client_msg_id.clone())) {
+            slot.send_replace(Some(Some(outcome)));
+        }
+    }
+
+    async fn cancel(&self, sender: &UserId, client_msg_id: &ClientMsgId) {
+        if let Some(slot) = self.marks.remove(&(sender.clone(), client_msg_id.clone())) {
+            slot.send_replace(Some(None));
+        }
+    }
+}
+
+impl LocalDedup {
     /// Marks that live for `ttl` from when they were taken, at most
     /// `max_marks` of them (the least recently used go first).
     pub fn new(ttl: Duration, max_marks: u64) -> Self {
@@ -73,7 +107,7 @@ impl Dedup {
     }
 
     /// Takes the mark for (`sender`, `client_msg_id`), or says who holds it.
-    pub fn try_mark(&self, sender: &UserId, client_msg_id: &ClientMsgId) -> Mark {
+    fn try_mark_now(&self, sender: &UserId, client_msg_id: &ClientMsgId) -> Mark {
         let entry = self
             .marks
             .entry((sender.clone(), client_msg_id.clone()))
@@ -87,37 +121,22 @@ impl Dedup {
             Some(Some(outcome)) => Mark::Stored(outcome),
             // In flight, or cancelled a moment ago and not yet removed: the receiver tells
             // the duplicate to retry then.
-            _ => Mark::InFlight(slot.subscribe()),
-        }
-    }
-
-    /// The send was stored: duplicates are answered with `outcome` until the mark expires
-    /// (`ttl` after it was taken).
-    pub fn complete(&self, sender: &UserId, client_msg_id: &ClientMsgId, outcome: Outcome) {
-        if let Some(slot) = self.marks.get(&(sender.clone(), client_msg_id.clone())) {
-            slot.send_replace(Some(Some(outcome)));
-        }
-    }
-
-    /// The send failed: drop the mark so a retry is processed.
-    pub fn cancel(&self, sender: &UserId, client_msg_id: &ClientMsgId) {
-        if let Some(slot) = self.marks.remove(&(sender.clone(), client_msg_id.clone())) {
-            slot.send_replace(Some(None));
+            _ => Mark::InFlight(Box::pin(await_original(slot.subscribe()))),
         }
     }
 
     /// Does the cache's pending upkeep now (expiry, eviction); it also happens as marks are
-    /// taken, this only makes [`Dedup::len`] exact.
+    /// taken, this only makes [`LocalDedup::len`] exact.
     pub fn run_upkeep(&self) {
         self.marks.run_pending_tasks();
     }
 
-    /// How many marks are held (approximate until [`Dedup::run_upkeep`]).
+    /// How many marks are held (approximate until [`LocalDedup::run_upkeep`]).
     pub fn len(&self) -> u64 {
         self.marks.entry_count()
     }
 
-    /// Whether no mark is held (see [`Dedup::len`]).
+    /// Whether no mark is held (see [`LocalDedup::len`]).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -136,43 +155,47 @@ mod tests {
 
     #[tokio::test]
     async fn try_complete_cancel() {
-        let dedup = Dedup::new(Duration::from_secs(60), 1000);
+        let dedup = LocalDedup::new(Duration::from_secs(60), 1000);
         let (user, id) = key(1);
-        assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh));
-        let Mark::InFlight(mut waiting) = dedup.try_mark(&user, &id) else { panic!("in flight") };
-        let outcome = Outcome { message_id: 9, seq: 3, conversation: "dm:a:u".into() };
-        dedup.complete(&user, &id, outcome.clone());
-        waiting.changed().await.expect("notified");
-        assert_eq!(waiting.borrow().clone(), Some(Some(outcome.clone())));
-        assert!(matches!(dedup.try_mark(&user, &id), Mark::Stored(o) if o == outcome));
+        assert!(matches!(dedup.try_mark(&user, &id).await, Mark::Fresh));
+        let Mark::InFlight(waiting) = dedup.try_mark(&user, &id).await else { panic!("in flight") };
+        let waiting = tokio::spawn(waiting);
+        let outcome = Outcome { message_id: 9, seq: 3, conversation: ConversationId::parse("dm:a:u").expect("valid") };
+        dedup.complete(&user, &id, outcome.clone()).await;
+        assert_eq!(
+            waiting.await.expect("joined"),
+            Ok(outcome.clone()),
+            "a duplicate in flight gets the original's ids"
+        );
+        assert!(matches!(dedup.try_mark(&user, &id).await, Mark::Stored(o) if o == outcome));
 
         let (user, id) = key(2);
-        assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh));
-        let Mark::InFlight(waiting) = dedup.try_mark(&user, &id) else { panic!("in flight") };
-        dedup.cancel(&user, &id);
-        assert_eq!(await_original(waiting).await, Err("the original send failed; retry"));
-        assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh), "a cancelled mark lets the retry through");
+        assert!(matches!(dedup.try_mark(&user, &id).await, Mark::Fresh));
+        let Mark::InFlight(waiting) = dedup.try_mark(&user, &id).await else { panic!("in flight") };
+        dedup.cancel(&user, &id).await;
+        assert_eq!(waiting.await, Err(SendError::OriginalFailed));
+        assert!(matches!(dedup.try_mark(&user, &id).await, Mark::Fresh), "a cancelled mark lets the retry through");
     }
 
     #[test]
     fn marks_expire_after_the_ttl() {
-        let dedup = Dedup::new(Duration::from_millis(50), 1000);
+        let dedup = LocalDedup::new(Duration::from_millis(50), 1000);
         let (user, id) = key(1);
-        assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh));
+        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh));
         std::thread::sleep(Duration::from_millis(120));
-        assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh), "an expired mark is taken afresh");
+        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh), "an expired mark is taken afresh");
     }
 
     #[test]
     fn marks_are_bounded() {
-        let dedup = Dedup::new(Duration::from_secs(60), 100);
+        let dedup = LocalDedup::new(Duration::from_secs(60), 100);
         for n in 0..1000 {
             let (user, id) = key(n);
-            assert!(matches!(dedup.try_mark(&user, &id), Mark::Fresh));
+            assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh));
         }
         dedup.run_upkeep();
         assert!(dedup.len() <= 100, "{} marks held", dedup.len());
         let (user, id) = key(999);
-        assert!(!matches!(dedup.try_mark(&user, &id), Mark::Fresh), "the most recent marks are kept");
+        assert!(!matches!(dedup.try_mark_now(&user, &id), Mark::Fresh), "the most recent marks are kept");
     }
 }

@@ -11,8 +11,12 @@ use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 
-use crate::model::ConversationId;
-use crate::store::StoredMessage;
+use async_trait::async_trait;
+
+use crate::delivery::pull::SeqFrontier;
+use crate::model::{ConversationId, Message, UserId};
+use crate::routing::bus::NodeBus;
+use crate::routing::router::Router;
 
 /// One conversation's lane.
 #[derive(Default)]
@@ -32,7 +36,7 @@ struct Slot {
 
 enum SlotState {
     Pending,
-    Stored(Arc<StoredMessage>),
+    Stored(Arc<Message>),
     Failed,
 }
 
@@ -43,7 +47,7 @@ impl Lane {
     }
 
     /// Records how `seq` ended: stored (`Some`) or failed (`None`).
-    pub fn finished(&self, seq: u64, stored: Option<Arc<StoredMessage>>) {
+    pub fn finished(&self, seq: u64, stored: Option<Arc<Message>>) {
         let mut slots = self.slots();
         if let Some(slot) = slots.iter_mut().find(|slot| slot.seq == seq) {
             slot.state = stored.map_or(SlotState::Failed, SlotState::Stored);
@@ -52,7 +56,7 @@ impl Lane {
 
     /// Takes the stored messages at the head of the lane, in seq order, up to the first one
     /// still pending (call while holding `release`).
-    pub fn releasable(&self) -> Vec<Arc<StoredMessage>> {
+    pub fn releasable(&self) -> Vec<Arc<Message>> {
         let mut slots = self.slots();
         let mut out = Vec::new();
         while let Some(front) = slots.front() {
@@ -117,20 +121,40 @@ impl Lanes {
     }
 }
 
+/// Answers what the owner of a conversation has in flight: this node's lanes when it owns
+/// it, else the owner, asked over the bus.
+pub struct OwnerFrontier {
+    pub lanes: Arc<Lanes>,
+    pub router: Arc<Router>,
+    pub bus: Arc<dyn NodeBus>,
+}
+
+#[async_trait]
+impl SeqFrontier for OwnerFrontier {
+    async fn lowest_in_flight(&self, user: &UserId, conversation: &ConversationId) -> Result<Option<u64>, String> {
+        match self.router.send_owner(user, conversation).await {
+            Some(owner) if owner != self.router.this_node() => {
+                self.bus.lowest_in_flight(owner, conversation).await.map_err(|error| error.to_string())
+            }
+            _ => Ok(self.lanes.lowest_in_flight(conversation)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn stored(seq: u64) -> Option<Arc<StoredMessage>> {
-        Some(Arc::new(StoredMessage {
+    fn stored(seq: u64) -> Option<Arc<Message>> {
+        Some(Arc::new(Message {
             id: seq,
-            conversation: "dm:a:b".into(),
+            conversation: ConversationId::parse("dm:a:b").expect("valid"),
             seq,
-            sender: "a".into(),
-            sender_device: "d".into(),
-            client_msg_id: String::new(),
+            sender: crate::model::UserId::parse("a").expect("valid"),
+            sender_device: crate::model::DeviceId::parse("d").expect("valid"),
+            client_msg_id: crate::model::ClientMsgId::parse("00000000-0000-4000-8000-000000000000").expect("valid"),
             kind: 0,
-            body: Vec::new(),
+            body: bytes::Bytes::new(),
             sent_at_ms: 0,
         }))
     }

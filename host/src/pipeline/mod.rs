@@ -1,375 +1,439 @@
 //! The uplink: what happens to a `send` on the conversation's owner node.
 //!
-//! validate → membership → dedup mark → (per conversation, in order) seq → snowflake id →
-//! queue for group commit → wait until durable → `send_ack` → release to fan-out in seq
-//! order. Any failure after the dedup mark cancels it and answers `RETRY`, so the client's
-//! retry is processed, never swallowed (ARCHITECTURE.md §2).
+//! validate → membership → owner (forwarded over the bus when another node owns it) → dedup
+//! mark → message-policy hook → (per conversation, in order) seq → snowflake id → queue for
+//! group commit → wait until durable → `send_ack` → release to fan-out in seq order. Any
+//! failure after the dedup mark cancels it and answers `RETRY`, so the client's retry is
+//! processed, never swallowed (ARCHITECTURE.md §2).
+//!
+//! The pipeline takes a [`SendRequest`] and answers a [`SendAck`] addressed to its origin;
+//! it never sees a socket, nor which mode the node runs in.
 
+pub mod announce;
 pub mod dedup;
 pub mod lanes;
-pub mod membership;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
-use dashmap::DashSet;
-use herald_proto::v1::{self, Frame, send_ack::Status};
+use herald_proto::v1::{self, send_ack::Status};
+use tracing::Instrument;
 
 use crate::clock::WallClock;
 use crate::delivery::Delivery;
-use crate::gateway::connection::Connection;
 use crate::health::Vitals;
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
-use crate::model::{ClientMsgId, ConversationId, ConversationKind};
-use crate::model::{DeviceId, UserId};
-use crate::plugins::types::{CommandKind, Message as HookMessage, MessageDecision, RouteRequest};
+use crate::membership::{Membership, Refusal};
+use crate::model::{ClientMsgId, ConversationId, ConversationKind, InvalidId, Message, NodeId};
+use crate::plugins::types::{Message as HookMessage, MessageDecision};
 use crate::plugins::{Hook, PluginHost};
-use crate::routing::ring::Ring;
+use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
+use crate::routing::router::Router;
 use crate::store::group_commit::Ticket;
-use crate::store::{Database, GroupCommitter, Inserted, NewMessage, StoreError, StoredMessage};
+use crate::store::{ConversationStore, Inserted, MessageWriter, StoreError};
 
-use dedup::{Dedup, Mark, Outcome, await_original};
+use dedup::{DedupMarks, Mark, Outcome};
 use lanes::{Lane, Lanes};
-use membership::{Membership, Refusal};
 
 /// Retry-after hint for a transient failure.
 const RETRY_AFTER_MS: u32 = 200;
 
-/// How an admitted send continues.
-pub enum Admission {
-    /// Answered at once (rejected, or a duplicate of a stored message).
-    Done(v1::SendAck),
-    /// Queued: run this to completion; it sends the ack itself and fans out.
-    Wait(Pin<Box<dyn Future<Output = ()> + Send>>),
+/// Why a send was not stored: each answers `REJECTED` (do not retry as is) or `RETRY`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidId),
+    #[error("{0}")]
+    Refused(String),
+    #[error("{code}: {reason}")]
+    Policy { code: String, reason: String, retry_after_ms: Option<u32> },
+    #[error("storage unavailable; retry")]
+    StorageUnavailable,
+    #[error("storage failed; retry with the same client_msg_id")]
+    StoreFailed,
+    #[error("server shutting down; retry")]
+    ShuttingDown,
+    #[error("conversation owned by node {owner}, which is not reachable from here")]
+    OwnerUnreachable { owner: NodeId, cause: BusError },
+    #[error("the original send failed; retry")]
+    OriginalFailed,
+    #[error("the original send was abandoned; retry")]
+    OriginalAbandoned,
 }
 
-/// Everything the uplink needs.
-pub struct Pipeline {
-    pub database: Database,
-    pub committer: GroupCommitter,
-    pub seqs: Arc<SeqAllocator>,
-    pub ids: Arc<SnowflakeGenerator>,
-    pub dedup: Arc<Dedup>,
-    pub lanes: Arc<Lanes>,
-    pub membership: Arc<Membership>,
-    pub delivery: Arc<Delivery>,
-    pub clock: Arc<dyn WallClock>,
-    /// Direct conversations already recorded in `user_conversations` by this process.
-    pub known_direct: DashSet<ConversationId>,
-    /// The route-key (step 2) and message-policy (step 4) hooks.
-    pub plugins: Arc<PluginHost>,
-    /// Which node owns a routing key (step 2).
-    pub ring: Ring,
-    /// This node.
-    pub node_id: u32,
-    /// Errors clients see, for the health snapshot.
-    pub vitals: Arc<Vitals>,
-}
+impl SendError {
+    /// The `send_ack` status this error answers with.
+    pub fn status(&self) -> Status {
+        match self {
+            Self::Invalid(_) | Self::Refused(_) | Self::Policy { .. } => Status::Rejected,
+            _ => Status::Retry,
+        }
+    }
 
-/// Where a command goes (step 2): the routing key and the node owning it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Routed {
-    pub key: String,
-    /// `None` only for an empty ring.
-    pub owner: Option<u32>,
-}
-
-/// What storing an announcement did.
-#[derive(Debug, Clone, Copy)]
-pub struct Announced {
-    pub message_id: u64,
-    /// 0 when not archived (not in history).
-    pub seq: u64,
-    pub archived: bool,
-    /// The same announcement id was stored before; these are the original ids.
-    pub duplicate: bool,
-}
-
-/// How a queued message ended.
-enum Settled {
-    Stored(Outcome),
-    Duplicate(Outcome),
-    Failed,
-}
-
-/// Application `kind` of announcements stored as room messages.
-pub const ANNOUNCEMENT_KIND: u32 = 0;
-
-fn ack(status: Status, send: &v1::Send, reason: impl Into<String>) -> v1::SendAck {
-    v1::SendAck {
-        client_msg_id: send.client_msg_id.clone(),
-        status: status as i32,
-        conversation: send.conversation.clone(),
-        reason: reason.into(),
-        retry_after_ms: if status == Status::Retry { RETRY_AFTER_MS } else { 0 },
-        ..v1::SendAck::default()
+    /// The `retry_after_ms` hint this error answers with.
+    pub fn retry_after_ms(&self) -> u32 {
+        match self {
+            Self::Policy { retry_after_ms, .. } => retry_after_ms.unwrap_or(0),
+            _ if self.status() == Status::Retry => RETRY_AFTER_MS,
+            _ => 0,
+        }
     }
 }
 
-fn with_ids(mut ack: v1::SendAck, outcome: &Outcome) -> v1::SendAck {
-    ack.message_id = outcome.message_id;
-    ack.seq = outcome.seq;
-    ack.conversation.clone_from(&outcome.conversation);
-    ack
+impl From<Refusal> for SendError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Store(error) => {
+                tracing::warn!(%error, "membership check failed");
+                Self::StorageUnavailable
+            }
+            other => Self::Refused(other.to_string()),
+        }
+    }
+}
+
+/// Runs once a send's ack is on its way: releases stored messages to fan-out in seq order.
+pub type FanOut = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A send that ended: its ack, and the fan-out to run after the ack is written.
+pub struct Settled {
+    pub ack: SendAck,
+    pub fan_out: Option<FanOut>,
+}
+
+/// How an admitted send continues.
+pub enum Admission {
+    /// Answered at once (rejected, or a duplicate of a stored message).
+    Done(SendAck),
+    /// Queued, forwarded, or waiting for an original: run this to completion, write the ack,
+    /// then run the fan-out.
+    Wait(Pin<Box<dyn Future<Output = Settled> + Send>>),
+}
+
+/// What a pipeline is built from: the seams it uses, chosen where the node is assembled.
+pub struct PipelineParts {
+    pub writer: Arc<dyn MessageWriter>,
+    pub conversations: Arc<dyn ConversationStore>,
+    pub seqs: Arc<SeqAllocator>,
+    pub ids: Arc<SnowflakeGenerator>,
+    pub dedup: Arc<dyn DedupMarks>,
+    /// Shared with the [`OwnerFrontier`](lanes::OwnerFrontier) that answers what is in flight.
+    pub lanes: Arc<Lanes>,
+    pub membership: Arc<Membership>,
+    pub delivery: Arc<Delivery>,
+    pub router: Arc<Router>,
+    pub bus: Arc<dyn NodeBus>,
+    pub clock: Arc<dyn WallClock>,
+    pub plugins: Arc<PluginHost>,
+    pub vitals: Arc<Vitals>,
+    /// A direct conversation not sent to for this long is forgotten as recorded (zero:
+    /// never); the next send records it again, harmlessly.
+    pub known_direct_idle: Duration,
+}
+
+/// The uplink of one node.
+pub struct Pipeline {
+    writer: Arc<dyn MessageWriter>,
+    conversations: Arc<dyn ConversationStore>,
+    seqs: Arc<SeqAllocator>,
+    ids: Arc<SnowflakeGenerator>,
+    dedup: Arc<dyn DedupMarks>,
+    lanes: Arc<Lanes>,
+    membership: Arc<Membership>,
+    delivery: Arc<Delivery>,
+    /// Step 2: the owner of a send.
+    router: Arc<Router>,
+    /// Forwards sends this node does not own.
+    bus: Arc<dyn NodeBus>,
+    clock: Arc<dyn WallClock>,
+    /// Direct conversations already recorded in `user_conversations` by this process
+    /// (bounded; one forgotten is recorded again, harmlessly).
+    known_direct: moka::sync::Cache<ConversationId, ()>,
+    /// The message-policy hook (step 4).
+    plugins: Arc<PluginHost>,
+    /// Errors clients see, for the health snapshot.
+    vitals: Arc<Vitals>,
+}
+
+/// Most direct conversations remembered as recorded (each costs a few hundred bytes).
+const MAX_KNOWN_DIRECT: u64 = 1_000_000;
+
+impl Pipeline {
+    pub fn new(parts: PipelineParts) -> Self {
+        let known_direct = moka::sync::Cache::builder().max_capacity(MAX_KNOWN_DIRECT);
+        let known_direct = if parts.known_direct_idle.is_zero() {
+            known_direct.build()
+        } else {
+            known_direct.time_to_idle(parts.known_direct_idle).build()
+        };
+        Self {
+            writer: parts.writer,
+            conversations: parts.conversations,
+            seqs: parts.seqs,
+            ids: parts.ids,
+            dedup: parts.dedup,
+            lanes: parts.lanes,
+            membership: parts.membership,
+            delivery: parts.delivery,
+            router: parts.router,
+            bus: parts.bus,
+            clock: parts.clock,
+            known_direct,
+            plugins: parts.plugins,
+            vitals: parts.vitals,
+        }
+    }
+}
+
+/// The ack of `request` with `status`.
+fn ack(request: &SendRequest, status: Status) -> SendAck {
+    SendAck {
+        to: request.origin.clone(),
+        rid: request.rid,
+        ack: v1::SendAck {
+            client_msg_id: request.send.client_msg_id.clone(),
+            status: status as i32,
+            conversation: request.send.conversation.clone(),
+            ..v1::SendAck::default()
+        },
+    }
+}
+
+/// The ack of a send that was not stored.
+fn refused(request: &SendRequest, error: &SendError) -> SendAck {
+    let mut answer = ack(request, error.status());
+    answer.ack.reason = error.to_string();
+    answer.ack.retry_after_ms = error.retry_after_ms();
+    answer
+}
+
+/// The ack of a stored send (`status` OK, or DUPLICATE with the original's ids).
+fn stored(request: &SendRequest, status: Status, outcome: &Outcome) -> SendAck {
+    let mut answer = ack(request, status);
+    answer.ack.message_id = outcome.message_id;
+    answer.ack.seq = outcome.seq;
+    answer.ack.conversation = outcome.conversation.to_string();
+    answer
+}
+
+fn settled(ack: SendAck) -> Settled {
+    Settled { ack, fan_out: None }
 }
 
 impl Pipeline {
     /// Runs the in-order part of a send (call sends of one connection one at a time, in
-    /// the order they arrived); the rest comes back as [`Admission::Wait`].
-    pub async fn admit(self: &Arc<Self>, connection: &Arc<Connection>, rid: u32, send: v1::Send) -> Admission {
-        let client_msg_id = match ClientMsgId::parse(&send.client_msg_id) {
-            Ok(id) => id,
-            Err(error) => return Admission::Done(ack(Status::Rejected, &send, error.to_string())),
-        };
-        let conversation = match ConversationId::parse(&send.conversation) {
-            Ok(conversation) => conversation,
-            Err(error) => return Admission::Done(ack(Status::Rejected, &send, error.to_string())),
-        };
-        match self.membership.check_send(&connection.user, connection.id, &conversation).await {
-            Ok(()) => {}
-            Err(Refusal::Store(error)) => {
-                tracing::warn!(%error, "membership check failed");
-                self.vitals.count_error();
-                return Admission::Done(ack(Status::Retry, &send, "storage unavailable; retry"));
-            }
-            Err(refusal) => return Admission::Done(ack(Status::Rejected, &send, refusal.to_string())),
+    /// the order they arrived); the rest comes back as [`Admission::Wait`]. Each send runs in
+    /// a `send` span naming its user and conversation, and its seq once it has one.
+    pub async fn admit(self: &Arc<Self>, request: SendRequest) -> Admission {
+        let span = tracing::debug_span!(
+            "send",
+            user = %request.origin.user,
+            conversation = %request.send.conversation,
+            seq = tracing::field::Empty,
+        );
+        match self.admit_here(request).instrument(span.clone()).await {
+            Admission::Wait(rest) => Admission::Wait(Box::pin(rest.instrument(span))),
+            done => done,
         }
+    }
+
+    async fn admit_here(self: &Arc<Self>, request: SendRequest) -> Admission {
+        let (client_msg_id, conversation) = match self.check(&request).await {
+            Ok(checked) => checked,
+            Err(error) => return Admission::Done(refused(&request, &error)),
+        };
+        let this_node = self.router.this_node();
         if let Some(owner) =
-            self.send_owner(&connection.user, &conversation).await.filter(|&owner| owner != self.node_id)
+            self.router.send_owner(&request.origin.user, &conversation).await.filter(|&owner| owner != this_node)
         {
-            // Only cluster mode has other owners, and it forwards; here the ring is this node.
-            return Admission::Done(ack(
-                Status::Retry,
-                &send,
-                format!("conversation owned by node {owner}, which is not reachable from here"),
-            ));
+            return Admission::Wait(Box::pin(Arc::clone(self).forward(owner, request)));
         }
-        match self.dedup.try_mark(&connection.user, &client_msg_id) {
+        let sender = request.origin.user.clone();
+        match self.dedup.try_mark(&sender, &client_msg_id).await {
             Mark::Fresh => {}
-            Mark::Stored(outcome) => return Admission::Done(with_ids(ack(Status::Duplicate, &send, ""), &outcome)),
+            Mark::Stored(outcome) => return Admission::Done(stored(&request, Status::Duplicate, &outcome)),
             Mark::InFlight(original) => {
-                let connection = Arc::clone(connection);
                 return Admission::Wait(Box::pin(async move {
-                    let reply = match await_original(original).await {
-                        Ok(outcome) => with_ids(ack(Status::Duplicate, &send, ""), &outcome),
-                        Err(reason) => ack(Status::Retry, &send, reason),
-                    };
-                    connection.push(Frame::new(rid, reply));
+                    settled(match original.await {
+                        Ok(outcome) => stored(&request, Status::Duplicate, &outcome),
+                        Err(error) => refused(&request, &error),
+                    })
                 }));
             }
         }
-        let cancel = |reason: &str| {
-            self.dedup.cancel(&connection.user, &client_msg_id);
-            Admission::Done(ack(Status::Retry, &send, reason))
-        };
-        let mut body = send.body.clone();
-        if self.plugins.has_hook(Hook::MessagePolicy) {
-            let hook_input = HookMessage {
-                sender: connection.user.to_string(),
-                sender_device: connection.device.to_string(),
-                conversation: conversation.to_string(),
-                kind: send.kind,
-                body: body.to_vec(),
-                client_msg_id: client_msg_id.as_str().to_owned(),
-            };
-            match self.plugins.message_policy(&hook_input).await {
-                MessageDecision::Allow => {}
-                MessageDecision::Rewrite(rewritten) => body = rewritten.into(),
-                MessageDecision::Reject(rejection) => {
-                    self.dedup.cancel(&connection.user, &client_msg_id);
-                    let mut refused = ack(Status::Rejected, &send, format!("{}: {}", rejection.code, rejection.reason));
-                    refused.retry_after_ms =
-                        rejection.retry_after_ms.map_or(0, |ms| u32::try_from(ms).unwrap_or(u32::MAX));
-                    return Admission::Done(refused);
-                }
+        match self.queue(&request, client_msg_id.clone(), conversation).await {
+            Ok((lane, message, ticket)) => {
+                Admission::Wait(Box::pin(self.clone().finish(request, lane, message, ticket)))
+            }
+            Err(error) => {
+                self.dedup.cancel(&sender, &client_msg_id).await;
+                Admission::Done(refused(&request, &error))
             }
         }
-        if let Err(error) = self.record_direct(&conversation).await {
+    }
+
+    /// Step 1: valid ids, and a sender allowed to send there.
+    async fn check(&self, request: &SendRequest) -> Result<(ClientMsgId, ConversationId), SendError> {
+        let client_msg_id = ClientMsgId::parse(&request.send.client_msg_id)?;
+        let conversation = ConversationId::parse(&request.send.conversation)?;
+        // A room subscription is known on the node holding the connection, which checked it
+        // before forwarding.
+        let here = request.origin.node == self.router.this_node();
+        let connection = here.then_some(request.origin.connection);
+        if let Err(refusal) = self.membership.check_send(&request.origin.user, connection, &conversation).await {
+            let error = SendError::from(refusal);
+            if error == SendError::StorageUnavailable {
+                self.vitals.count_error();
+            }
+            return Err(error);
+        }
+        Ok((client_msg_id, conversation))
+    }
+
+    /// Step 2, another node owns it: that node processes the send and answers.
+    async fn forward(self: Arc<Self>, owner: NodeId, request: SendRequest) -> Settled {
+        let failed = |cause| refused(&request, &SendError::OwnerUnreachable { owner, cause });
+        settled(match self.bus.forward_send(owner, request.clone()).await {
+            Ok(ack) => ack,
+            Err(cause) => failed(cause),
+        })
+    }
+
+    /// Steps 4-7 with the dedup mark held: the policy hook, then seq, id and the queue.
+    async fn queue(
+        &self,
+        request: &SendRequest,
+        client_msg_id: ClientMsgId,
+        conversation: ConversationId,
+    ) -> Result<(Arc<Lane>, Message, Ticket), SendError> {
+        let body = self.apply_policy(request, &conversation, &client_msg_id).await?;
+        self.record_direct(&conversation).await.map_err(|error| {
             tracing::warn!(%error, "recording a direct conversation failed");
-            return cancel("storage unavailable; retry");
-        }
+            SendError::StorageUnavailable
+        })?;
         let lane = self.lanes.get(&conversation);
-        let (message, ticket) = match self
-            .enqueue(
-                &lane,
-                &conversation,
-                &connection.user,
-                &connection.device,
-                &client_msg_id,
-                send.kind,
-                body.to_vec(),
-            )
-            .await
-        {
-            Ok(queued) => queued,
-            Err(reason) => return cancel(reason),
+        let draft = Message {
+            id: 0,
+            conversation,
+            seq: 0,
+            sender: request.origin.user.clone(),
+            sender_device: request.origin.device.clone(),
+            client_msg_id,
+            kind: request.send.kind,
+            body,
+            sent_at_ms: 0,
         };
-        let pipeline = Arc::clone(self);
-        let connection = Arc::clone(connection);
-        Admission::Wait(Box::pin(async move {
-            let outcome = ticket.wait().await;
-            let reply = match pipeline.settle(&lane, &message, outcome) {
-                Settled::Stored(stored) => with_ids(ack(Status::Ok, &send, ""), &stored),
-                Settled::Duplicate(original) => with_ids(ack(Status::Duplicate, &send, ""), &original),
-                Settled::Failed => {
-                    pipeline.vitals.count_error();
-                    ack(Status::Retry, &send, "storage failed; retry with the same client_msg_id")
-                }
-            };
-            connection.push(Frame::new(rid, reply));
-            pipeline.release(&lane).await;
-        }))
+        let (message, ticket) = self.enqueue(&lane, draft).await?;
+        Ok((lane, message, ticket))
     }
 
-    /// Step 2 for a send: the node owning the conversation's routing key. The route-key hook
-    /// is asked only when a plugin provides one (the built-in key is the conversation).
-    async fn send_owner(&self, user: &UserId, conversation: &ConversationId) -> Option<u32> {
-        if self.plugins.has_hook(Hook::RouteKey) {
-            self.route(CommandKind::Send, user, Some(conversation)).await.owner
-        } else {
-            self.ring.owner(conversation.as_str())
+    /// Step 4: the message-policy hook may allow, rewrite or reject the body.
+    async fn apply_policy(
+        &self,
+        request: &SendRequest,
+        conversation: &ConversationId,
+        client_msg_id: &ClientMsgId,
+    ) -> Result<bytes::Bytes, SendError> {
+        let body = request.send.body.clone();
+        if !self.plugins.has_hook(Hook::MessagePolicy) {
+            return Ok(body);
+        }
+        let input = HookMessage {
+            sender: request.origin.user.to_string(),
+            sender_device: request.origin.device.to_string(),
+            conversation: conversation.to_string(),
+            kind: request.send.kind,
+            body: body.to_vec(),
+            client_msg_id: client_msg_id.to_string(),
+        };
+        match self.plugins.message_policy(&input).await {
+            MessageDecision::Allow => Ok(body),
+            MessageDecision::Rewrite(rewritten) => Ok(rewritten.into()),
+            MessageDecision::Reject(rejection) => Err(SendError::Policy {
+                code: rejection.code,
+                reason: rejection.reason,
+                retry_after_ms: rejection.retry_after_ms.map(|ms| u32::try_from(ms).unwrap_or(u32::MAX)),
+            }),
         }
     }
 
-    /// Where `command` of `user` on `conversation` goes: the key (from the route-key hook
-    /// or the built-in default) and its owner on the ring.
-    pub async fn route(&self, command: CommandKind, user: &UserId, conversation: Option<&ConversationId>) -> Routed {
-        let request =
-            RouteRequest { command, user: user.to_string(), conversation: conversation.map(ToString::to_string) };
-        let key = self.plugins.route_key(&request).await;
-        let owner = self.ring.owner(&key);
-        Routed { key, owner }
+    /// Waits until the message is durable (or not), answers, and hands back the fan-out.
+    async fn finish(
+        self: Arc<Self>,
+        request: SendRequest,
+        lane: Arc<Lane>,
+        message: Message,
+        ticket: Ticket,
+    ) -> Settled {
+        let outcome = ticket.wait().await;
+        let ack = match self.settle(&lane, &message, outcome).await {
+            Ok((status, outcome)) => stored(&request, status, &outcome),
+            Err(error) => {
+                self.vitals.count_error();
+                refused(&request, &error)
+            }
+        };
+        let fan_out: FanOut = Box::pin(async move { self.release(&lane).await }.instrument(tracing::Span::current()));
+        Settled { ack, fan_out: Some(fan_out) }
     }
 
     /// Records, once per process, that both users of a direct conversation take part in it.
     async fn record_direct(&self, conversation: &ConversationId) -> Result<(), StoreError> {
         if let ConversationKind::Direct(a, b) = conversation.kind()
-            && !self.known_direct.contains(conversation)
+            && !self.known_direct.contains_key(conversation)
         {
-            self.database.add_user_conversation(&[&a, &b], conversation).await?;
-            self.known_direct.insert(conversation.clone());
+            self.conversations.add_user_conversation(&[&a, &b], conversation).await?;
+            self.known_direct.insert(conversation.clone(), ());
         }
         Ok(())
     }
 
     /// Steps 5-7 in conversation order: seq, snowflake id, queued for group commit.
-    #[allow(clippy::too_many_arguments)]
-    async fn enqueue(
-        &self,
-        lane: &Lane,
-        conversation: &ConversationId,
-        sender: &UserId,
-        sender_device: &DeviceId,
-        client_msg_id: &ClientMsgId,
-        kind: u32,
-        body: Vec<u8>,
-    ) -> Result<(NewMessage, Ticket), &'static str> {
+    async fn enqueue(&self, lane: &Lane, mut message: Message) -> Result<(Message, Ticket), SendError> {
         let _in_order = lane.admit.lock().await;
-        let seq = self.seqs.next(conversation).await.map_err(|error| {
+        message.seq = self.seqs.next(&message.conversation).await.map_err(|error| {
             tracing::warn!(%error, "no seq");
-            "storage unavailable; retry"
+            SendError::StorageUnavailable
         })?;
-        let message = NewMessage {
-            id: self.ids.next_id(),
-            conversation: conversation.clone(),
-            seq,
-            sender: sender.clone(),
-            sender_device: sender_device.clone(),
-            client_msg_id: client_msg_id.clone(),
-            kind,
-            body,
-            sent_at_ms: self.clock.now_ms(),
-        };
-        let ticket = self.committer.submit(message.clone()).await.map_err(|_| "server shutting down; retry")?;
-        lane.admitted(seq);
+        tracing::Span::current().record("seq", message.seq);
+        message.id = self.ids.next_id();
+        message.sent_at_ms = self.clock.now_ms();
+        let ticket = self.writer.submit(message.clone()).await.map_err(|_| SendError::ShuttingDown)?;
+        lane.admitted(message.seq);
         Ok((message, ticket))
     }
 
-    /// Stores an accepted announcement in `room` (archived) or pushes it to the room's
-    /// subscribers only (not archived). An `announcement_id` is stored once: repeating it
-    /// answers with the original ids.
-    ///
-    /// # Errors
-    /// A message saying storage failed; nothing was stored and the caller may retry.
-    pub async fn announce(
+    /// Updates the dedup mark and the lane with a storage outcome: the status and ids to
+    /// answer with, or why it was not stored.
+    async fn settle(
         &self,
-        room: &ConversationId,
-        sender: &UserId,
-        announcement_id: Option<&str>,
-        body: Vec<u8>,
-        archive: bool,
-    ) -> Result<Announced, String> {
-        let device = DeviceId::parse("api").map_err(|e| e.to_string())?;
-        if !archive {
-            let message = StoredMessage {
-                id: self.ids.next_id(),
-                conversation: room.to_string(),
-                seq: 0,
-                sender: sender.to_string(),
-                sender_device: device.to_string(),
-                client_msg_id: String::new(),
-                kind: ANNOUNCEMENT_KIND,
-                body,
-                sent_at_ms: self.clock.now_ms(),
-            };
-            let message_id = message.id;
-            self.delivery.fan_out(Arc::new(message)).await;
-            return Ok(Announced { message_id, seq: 0, archived: false, duplicate: false });
-        }
-        let client_msg_id = announcement_client_id(room, announcement_id);
-        let duplicate =
-            |o: &Outcome| Ok(Announced { message_id: o.message_id, seq: o.seq, archived: true, duplicate: true });
-        match self.dedup.try_mark(sender, &client_msg_id) {
-            Mark::Fresh => {}
-            Mark::Stored(original) => return duplicate(&original),
-            Mark::InFlight(original) => {
-                return await_original(original).await.map_or_else(|reason| Err(reason.into()), |o| duplicate(&o));
-            }
-        }
-        let lane = self.lanes.get(room);
-        let (message, ticket) =
-            match self.enqueue(&lane, room, sender, &device, &client_msg_id, ANNOUNCEMENT_KIND, body).await {
-                Ok(queued) => queued,
-                Err(reason) => {
-                    self.dedup.cancel(sender, &client_msg_id);
-                    return Err(reason.into());
-                }
-            };
-        let settled = self.settle(&lane, &message, ticket.wait().await);
-        self.release(&lane).await;
-        match settled {
-            Settled::Stored(stored) => {
-                Ok(Announced { message_id: stored.message_id, seq: stored.seq, archived: true, duplicate: false })
-            }
-            Settled::Duplicate(original) => duplicate(&original),
-            Settled::Failed => Err("storage failed; retry".into()),
-        }
-    }
-
-    /// Updates the dedup mark and the lane with a storage outcome.
-    fn settle(&self, lane: &Lane, message: &NewMessage, outcome: Result<Inserted, StoreError>) -> Settled {
+        lane: &Lane,
+        message: &Message,
+        outcome: Result<Inserted, StoreError>,
+    ) -> Result<(Status, Outcome), SendError> {
         match outcome {
             Ok(Inserted::New { id, seq }) => {
-                let stored = Outcome { message_id: id, seq, conversation: message.conversation.to_string() };
-                self.dedup.complete(&message.sender, &message.client_msg_id, stored.clone());
-                lane.finished(seq, Some(Arc::new(stored_message(message))));
+                let stored = Outcome { message_id: id, seq, conversation: message.conversation.clone() };
+                self.dedup.complete(&message.sender, &message.client_msg_id, stored.clone()).await;
+                lane.finished(seq, Some(Arc::new(message.clone())));
                 metrics::counter!("herald_pipeline_messages_stored_total").increment(1);
-                Settled::Stored(stored)
+                Ok((Status::Ok, stored))
             }
             Ok(Inserted::Duplicate { id, seq, conversation }) => {
                 // Stored before the mark's TTL began: the seq we took is a gap.
                 lane.finished(message.seq, None);
                 let original = Outcome { message_id: id, seq, conversation };
-                self.dedup.complete(&message.sender, &message.client_msg_id, original.clone());
-                Settled::Duplicate(original)
+                self.dedup.complete(&message.sender, &message.client_msg_id, original.clone()).await;
+                Ok((Status::Duplicate, original))
             }
             Err(error) => {
                 tracing::warn!(%error, conversation = %message.conversation, "storing a message failed");
                 lane.finished(message.seq, None);
-                self.dedup.cancel(&message.sender, &message.client_msg_id);
+                self.dedup.cancel(&message.sender, &message.client_msg_id).await;
                 metrics::counter!("herald_pipeline_store_failures_total").increment(1);
-                Settled::Failed
+                Err(SendError::StoreFailed)
             }
         }
     }
@@ -383,38 +447,5 @@ impl Pipeline {
     }
 }
 
-fn stored_message(message: &NewMessage) -> StoredMessage {
-    StoredMessage {
-        id: message.id,
-        conversation: message.conversation.to_string(),
-        seq: message.seq,
-        sender: message.sender.to_string(),
-        sender_device: message.sender_device.to_string(),
-        client_msg_id: message.client_msg_id.as_str().to_owned(),
-        kind: message.kind,
-        body: message.body.clone(),
-        sent_at_ms: message.sent_at_ms,
-    }
-}
-
-/// The `client_msg_id` of an announcement: derived from (room, announcement_id), so the
-/// same announcement id is stored once whatever the retries; random when none was given.
-fn announcement_client_id(room: &ConversationId, announcement_id: Option<&str>) -> ClientMsgId {
-    let bits: u128 = match announcement_id {
-        Some(id) => {
-            // FNV-1a, twice with different offsets: stable across versions and restarts.
-            let fnv = |offset: u64| {
-                room.as_str()
-                    .bytes()
-                    .chain([0])
-                    .chain(id.bytes())
-                    .fold(offset, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3))
-            };
-            (u128::from(fnv(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(fnv(0x6c62_272e_07bb_0142))
-        }
-        None => rand::random(),
-    };
-    let hex = format!("{bits:032x}");
-    let text = format!("{}-{}-8{}-8{}-{}", &hex[0..8], &hex[8..12], &hex[13..16], &hex[17..20], &hex[20..32]);
-    ClientMsgId::parse(&text).expect("32 hex digits in 8-4-4-4-12 groups are a UUID")
-}
+#[cfg(test)]
+mod tests;

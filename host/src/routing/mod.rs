@@ -1,23 +1,23 @@
 //! Who is connected where: the route table (user → device → node and connection) and the
 //! room subscriptions of this node.
 //!
-//! The route table is a trait so that embedded mode keeps it in this process and cluster
-//! mode in Redis (ARCHITECTURE.md §5), with the same three lookups: log a device in (and
-//! learn which older connection it replaces, to kick it), list a user's devices, and drop
-//! every route of a gateway that died.
+//! Each part cluster mode replaces is a trait with this process's implementation beside it,
+//! chosen once where the node is assembled (`node.rs`): the route table (log a device in and
+//! learn which connection it replaces; every device of many users in one lookup), the room
+//! directory, the ring in force ([`topology`]) and the node bus ([`bus`]).
 
+pub mod bus;
 pub mod ring;
 pub mod rooms;
+pub mod router;
+pub mod topology;
 
 use std::collections::HashMap;
 
 use async_trait::async_trait;
 use dashmap::DashMap;
 
-use crate::model::{DeviceId, UserId};
-
-/// A connection's id, unique on its node for the life of the process.
-pub type ConnectionId = u64;
+use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
 
 /// Where one device of a user is connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct Route {
     pub user: UserId,
     pub device: DeviceId,
     /// The gateway node holding the connection.
-    pub node: u32,
+    pub node: NodeId,
     /// The connection on that node.
     pub connection: ConnectionId,
     /// When it connected, ms since the Unix epoch.
@@ -37,19 +37,24 @@ pub struct Route {
 #[error("route table unavailable: {0}")]
 pub struct RouteError(pub String);
 
-/// Where connected devices are. Embedded: a map in this process. Cluster: Redis hashes
-/// shared by every node.
+/// Where connected devices are. Embedded: a map in this process. Cluster: shared by every
+/// node.
 #[async_trait]
 pub trait RouteTable: Send + Sync + 'static {
     /// Records `route`; returns the route it replaced (the same user and device on another
     /// connection), which the caller kicks.
     async fn login(&self, route: Route) -> Result<Option<Route>, RouteError>;
-    /// Removes the route of `user`'s `device` if it is still `connection`.
-    async fn logout(&self, user: &UserId, device: &DeviceId, connection: ConnectionId) -> Result<bool, RouteError>;
-    /// Every connected device of `user`.
-    async fn devices(&self, user: &UserId) -> Result<Vec<Route>, RouteError>;
-    /// Removes every route held by `node` (its gateway died); returns how many.
-    async fn drop_gateway(&self, node: u32) -> Result<usize, RouteError>;
+    /// Removes the route of `user`'s `device` if it is still `connection` on `node`.
+    async fn logout(
+        &self,
+        user: &UserId,
+        device: &DeviceId,
+        node: NodeId,
+        connection: ConnectionId,
+    ) -> Result<bool, RouteError>;
+    /// Every connected device of each of `users`, in one lookup (a group's fan-out asks for
+    /// all its members at once). A user with no device is absent from the map.
+    async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError>;
 }
 
 /// The embedded route table: a concurrent map in this process.
@@ -65,10 +70,16 @@ impl RouteTable for MemoryRouteTable {
         Ok(devices.insert(route.device.clone(), route))
     }
 
-    async fn logout(&self, user: &UserId, device: &DeviceId, connection: ConnectionId) -> Result<bool, RouteError> {
+    async fn logout(
+        &self,
+        user: &UserId,
+        device: &DeviceId,
+        node: NodeId,
+        connection: ConnectionId,
+    ) -> Result<bool, RouteError> {
         let Some(mut devices) = self.users.get_mut(user) else { return Ok(false) };
         let removed = match devices.get(device) {
-            Some(route) if route.connection == connection => devices.remove(device).is_some(),
+            Some(route) if route.node == node && route.connection == connection => devices.remove(device).is_some(),
             _ => false,
         };
         let now_empty = devices.is_empty();
@@ -79,19 +90,14 @@ impl RouteTable for MemoryRouteTable {
         Ok(removed)
     }
 
-    async fn devices(&self, user: &UserId) -> Result<Vec<Route>, RouteError> {
-        Ok(self.users.get(user).map(|devices| devices.values().cloned().collect()).unwrap_or_default())
-    }
-
-    async fn drop_gateway(&self, node: u32) -> Result<usize, RouteError> {
-        let mut dropped = 0;
-        self.users.retain(|_, devices| {
-            let before = devices.len();
-            devices.retain(|_, route| route.node != node);
-            dropped += before - devices.len();
-            !devices.is_empty()
-        });
-        Ok(dropped)
+    async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
+        Ok(users
+            .iter()
+            .filter_map(|user| {
+                let devices = self.users.get(user)?;
+                Some((user.clone(), devices.values().cloned().collect()))
+            })
+            .collect())
     }
 }
 
@@ -99,12 +105,12 @@ impl RouteTable for MemoryRouteTable {
 mod tests {
     use super::*;
 
-    fn route(user: &str, device: &str, node: u32, connection: ConnectionId) -> Route {
+    fn route(user: &str, device: &str, node: u32, connection: u64) -> Route {
         Route {
             user: UserId::parse(user).expect("valid"),
             device: DeviceId::parse(device).expect("valid"),
-            node,
-            connection,
+            node: NodeId(node),
+            connection: ConnectionId(connection),
             connected_at_ms: 0,
         }
     }
@@ -115,13 +121,19 @@ mod tests {
         assert_eq!(table.login(route("ann", "phone", 0, 1)).await.expect("login"), None);
         assert_eq!(table.login(route("ann", "laptop", 0, 2)).await.expect("login"), None);
         let replaced = table.login(route("ann", "phone", 0, 3)).await.expect("login");
-        assert_eq!(replaced.map(|r| r.connection), Some(1));
+        assert_eq!(replaced.map(|r| r.connection), Some(ConnectionId(1)));
         let ann = UserId::parse("ann").expect("valid");
+        let bob = UserId::parse("bob").expect("valid");
         let phone = DeviceId::parse("phone").expect("valid");
-        assert!(!table.logout(&ann, &phone, 1).await.expect("logout"), "a stale connection removes nothing");
-        assert_eq!(table.devices(&ann).await.expect("devices").len(), 2);
-        assert!(table.logout(&ann, &phone, 3).await.expect("logout"));
-        assert_eq!(table.drop_gateway(0).await.expect("drop"), 1);
-        assert!(table.devices(&ann).await.expect("devices").is_empty());
+        let (zero, three) = (NodeId(0), ConnectionId(3));
+        assert!(!table.logout(&ann, &phone, zero, ConnectionId(1)).await.expect("logout"), "a stale connection");
+        assert!(!table.logout(&ann, &phone, NodeId(1), three).await.expect("logout"), "the same id on another node");
+        table.login(route("bob", "phone", 1, 1)).await.expect("login");
+        let both = table.devices_of(&[ann.clone(), bob.clone()]).await.expect("devices");
+        assert_eq!((both[&ann].len(), both[&bob].len()), (2, 1), "every device of every user in one lookup");
+        assert!(table.logout(&ann, &phone, zero, three).await.expect("logout"));
+        assert!(table.logout(&bob, &phone, NodeId(1), ConnectionId(1)).await.expect("logout"));
+        let left = table.devices_of(&[ann.clone(), bob.clone()]).await.expect("devices");
+        assert_eq!(left.keys().collect::<Vec<_>>(), vec![&ann], "a user with no device is absent");
     }
 }

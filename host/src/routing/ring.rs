@@ -6,7 +6,8 @@
 //! adding or removing a node moves only the keys next to its points.
 //!
 //! The key itself comes from the `route-key` hook (default: the conversation for sends, the
-//! user otherwise). In embedded mode the ring has one member, this node.
+//! user otherwise). In embedded mode the ring has one member, this node; the ring in force
+//! is held by [`Topology`](super::topology::Topology).
 
 /// Points per node unless configured otherwise.
 pub const DEFAULT_VIRTUAL_NODES: u32 = 160;
@@ -96,6 +97,58 @@ mod tests {
             let before = three.owner(&key);
             if before != Some(3) {
                 assert_eq!(two.owner(&key), before, "{key} moved though its node stayed");
+            }
+        }
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::Ring;
+
+        fn members() -> impl Strategy<Value = Vec<u32>> {
+            proptest::collection::btree_set(0u32..1024, 1..8).prop_map(|set| set.into_iter().collect())
+        }
+
+        fn keys() -> impl Strategy<Value = Vec<String>> {
+            proptest::collection::vec("[a-z]{1,4}:[a-z0-9._@-]{1,24}", 1..64)
+        }
+
+        proptest! {
+            #[test]
+            fn every_key_has_one_owner_among_the_members_whatever_their_order(
+                nodes in members(), keys in keys(), points in 1u32..200
+            ) {
+                let ring = Ring::new(&nodes, points);
+                let mut reversed = nodes.clone();
+                reversed.reverse();
+                let again = Ring::new(&reversed, points);
+                for key in &keys {
+                    let owner = ring.owner(key);
+                    prop_assert!(owner.is_some_and(|owner| nodes.contains(&owner)));
+                    prop_assert_eq!(owner, again.owner(key), "nodes listing members differently disagree");
+                }
+            }
+
+            #[test]
+            fn a_joining_node_takes_keys_only_for_itself_and_a_leaving_one_gives_up_only_its_own(
+                nodes in members(), joining in 0u32..1024, keys in keys()
+            ) {
+                prop_assume!(!nodes.contains(&joining));
+                let before = Ring::new(&nodes, super::super::DEFAULT_VIRTUAL_NODES);
+                let mut grown = nodes.clone();
+                grown.push(joining);
+                let after = Ring::new(&grown, super::super::DEFAULT_VIRTUAL_NODES);
+                for key in &keys {
+                    let (old, new) = (before.owner(key), after.owner(key));
+                    prop_assert!(old == new || new == Some(joining), "{} moved from {:?} to {:?}", key, old, new);
+                }
+                // Leaving is the same change the other way round.
+                for key in &keys {
+                    if after.owner(key) != Some(joining) {
+                        prop_assert_eq!(before.owner(key), after.owner(key));
+                    }
+                }
             }
         }
     }

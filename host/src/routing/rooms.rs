@@ -1,14 +1,56 @@
-//! Room subscriptions on this node: which connections are subscribed to which room now.
+//! Room subscriptions: which connections of this node are subscribed to which room now
+//! ([`Rooms`]), and which nodes have subscribers of a room ([`RoomDirectory`]).
 //!
 //! Rooms are broadcast: a room message goes to the connections subscribed at that moment,
-//! with no per-device retry; a subscriber catches up from history (`since_seq`).
+//! with no per-device retry; a subscriber catches up from history (`since_seq`). The node
+//! owning a room publishes each message to the nodes the directory names; each pushes it to
+//! its own subscribers.
 
 use std::collections::HashSet;
 
+use async_trait::async_trait;
 use dashmap::DashMap;
 
-use super::ConnectionId;
-use crate::model::ConversationId;
+use super::RouteError;
+use crate::model::{ConnectionId, ConversationId, NodeId};
+
+/// Which nodes have subscribers of which rooms. Embedded: this process. Cluster: shared by
+/// every node.
+#[async_trait]
+pub trait RoomDirectory: Send + Sync + 'static {
+    /// `node` has its first subscriber of `room`.
+    async fn joined(&self, room: &ConversationId, node: NodeId) -> Result<(), RouteError>;
+    /// `node` has no subscriber of `room` any more.
+    async fn left(&self, room: &ConversationId, node: NodeId) -> Result<(), RouteError>;
+    /// The nodes with subscribers of `room`.
+    async fn nodes(&self, room: &ConversationId) -> Result<Vec<NodeId>, RouteError>;
+}
+
+/// The room directory of one process.
+#[derive(Default)]
+pub struct MemoryRoomDirectory {
+    nodes: DashMap<ConversationId, HashSet<NodeId>>,
+}
+
+#[async_trait]
+impl RoomDirectory for MemoryRoomDirectory {
+    async fn joined(&self, room: &ConversationId, node: NodeId) -> Result<(), RouteError> {
+        self.nodes.entry(room.clone()).or_default().insert(node);
+        Ok(())
+    }
+
+    async fn left(&self, room: &ConversationId, node: NodeId) -> Result<(), RouteError> {
+        if let Some(mut nodes) = self.nodes.get_mut(room) {
+            nodes.remove(&node);
+        }
+        self.nodes.remove_if(room, |_, nodes| nodes.is_empty());
+        Ok(())
+    }
+
+    async fn nodes(&self, room: &ConversationId) -> Result<Vec<NodeId>, RouteError> {
+        Ok(self.nodes.get(room).map(|nodes| nodes.iter().copied().collect()).unwrap_or_default())
+    }
+}
 
 /// Subscriptions, both ways: room → connections, and connection → rooms (for clean-up).
 #[derive(Default)]
@@ -18,10 +60,15 @@ pub struct Rooms {
 }
 
 impl Rooms {
-    /// Subscribes `connection` to `room`.
-    pub fn subscribe(&self, room: &ConversationId, connection: ConnectionId) {
-        self.subscribers.entry(room.clone()).or_default().insert(connection);
+    /// Subscribes `connection` to `room`; returns whether it is the room's first subscriber
+    /// on this node.
+    pub fn subscribe(&self, room: &ConversationId, connection: ConnectionId) -> bool {
+        let mut subscribers = self.subscribers.entry(room.clone()).or_default();
+        let first = subscribers.is_empty();
+        subscribers.insert(connection);
+        drop(subscribers);
         self.subscriptions.entry(connection).or_default().insert(room.clone());
+        first
     }
 
     /// Unsubscribes `connection` from `room`; returns whether it was subscribed.
@@ -45,16 +92,21 @@ impl Rooms {
         self.subscribers.get(room).map(|c| c.iter().copied().collect()).unwrap_or_default()
     }
 
-    /// Forgets every subscription of a closed connection.
-    pub fn drop_connection(&self, connection: ConnectionId) {
-        if let Some((_, rooms)) = self.subscriptions.remove(&connection) {
-            for room in rooms {
-                if let Some(mut c) = self.subscribers.get_mut(&room) {
-                    c.remove(&connection);
-                }
-                self.subscribers.remove_if(&room, |_, c| c.is_empty());
+    /// Whether `room` has a subscriber on this node.
+    pub fn has_subscribers(&self, room: &ConversationId) -> bool {
+        self.subscribers.contains_key(room)
+    }
+
+    /// Forgets every subscription of a closed connection; returns the rooms it was in.
+    pub fn drop_connection(&self, connection: ConnectionId) -> Vec<ConversationId> {
+        let Some((_, rooms)) = self.subscriptions.remove(&connection) else { return Vec::new() };
+        for room in &rooms {
+            if let Some(mut c) = self.subscribers.get_mut(room) {
+                c.remove(&connection);
             }
+            self.subscribers.remove_if(room, |_, c| c.is_empty());
         }
+        rooms.into_iter().collect()
     }
 }
 
@@ -67,13 +119,17 @@ mod tests {
         let rooms = Rooms::default();
         let lobby = ConversationId::parse("room:lobby").expect("valid");
         let arena = ConversationId::parse("room:arena").expect("valid");
-        rooms.subscribe(&lobby, 1);
-        rooms.subscribe(&lobby, 2);
-        rooms.subscribe(&arena, 1);
-        assert!(rooms.is_subscribed(&lobby, 2));
-        assert!(rooms.unsubscribe(&lobby, 2));
-        assert!(!rooms.unsubscribe(&lobby, 2));
-        rooms.drop_connection(1);
+        let (one, two) = (ConnectionId(1), ConnectionId(2));
+        assert!(rooms.subscribe(&lobby, one), "the first subscriber on this node");
+        assert!(!rooms.subscribe(&lobby, two));
+        assert!(rooms.subscribe(&arena, one));
+        assert!(rooms.is_subscribed(&lobby, two));
+        assert!(rooms.unsubscribe(&lobby, two));
+        assert!(!rooms.unsubscribe(&lobby, two));
+        let mut left = rooms.drop_connection(one);
+        left.sort();
+        assert_eq!(left, vec![arena.clone(), lobby.clone()]);
+        assert!(!rooms.has_subscribers(&lobby));
         assert!(rooms.subscribers(&lobby).is_empty());
         assert!(rooms.subscribers(&arena).is_empty());
     }

@@ -6,9 +6,10 @@
 
 use std::collections::HashMap;
 
+use async_trait::async_trait;
 use sqlx::QueryBuilder;
 
-use super::{Database, ROWS_PER_STATEMENT, StoreError, on_backend, signed, unsigned};
+use super::{CursorStore, Database, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned};
 use crate::model::{ConversationId, DeviceId, UserId};
 
 /// "This device has every message of the conversation up to `seq`."
@@ -20,14 +21,11 @@ pub struct CursorUpdate {
     pub seq: u64,
 }
 
-impl Database {
-    /// Moves each cursor forward to its seq (never back), all in one transaction, in
-    /// statements of at most [`ROWS_PER_STATEMENT`] rows (a flush after a burst of acks can
-    /// hold more cursors than one statement may bind).
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the write fails; no cursor moved.
-    pub async fn advance_cursors(&self, updates: &[CursorUpdate]) -> Result<(), StoreError> {
+#[async_trait]
+impl CursorStore for Database {
+    async fn advance_cursors(&self, updates: &[CursorUpdate]) -> Result<(), StoreError> {
+        // All in one transaction, in statements of at most `ROWS_PER_STATEMENT` rows: a flush
+        // after a burst of acks can hold more cursors than one statement may bind.
         // One row per key (the highest seq), since a statement may not touch a row twice.
         let mut highest: HashMap<(&str, &str, &str), u64> = HashMap::with_capacity(updates.len());
         for u in updates {
@@ -56,14 +54,19 @@ impl Database {
         Ok(())
     }
 
-    /// Every cursor of one device, by conversation.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the query fails.
-    pub async fn cursors(&self, user: &UserId, device: &DeviceId) -> Result<Vec<(String, u64)>, StoreError> {
+    async fn cursors(&self, user: &UserId, device: &DeviceId) -> Result<Vec<(ConversationId, u64)>, StoreError> {
         let rows: Vec<(String, i64)> = on_backend!(self.reader, |pool, sql| {
             sqlx::query_as(sql.cursors_of_device).bind(user.as_str()).bind(device.as_str()).fetch_all(pool).await?
         });
-        rows.into_iter().map(|(conversation, seq)| Ok((conversation, unsigned(seq, "seq")?))).collect()
+        let mut cursors = Vec::with_capacity(rows.len());
+        for (conversation, seq) in rows {
+            let seq = unsigned(seq, "seq")?;
+            match parse_stored(&conversation, "device_cursors.conversation", ConversationId::parse) {
+                Ok(conversation) => cursors.push((conversation, seq)),
+                // One bad row must not cost the device every other cursor.
+                Err(error) => tracing::warn!(%user, %device, %error, "skipping a stored cursor"),
+            }
+        }
+        Ok(cursors)
     }
 }

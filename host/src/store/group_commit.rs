@@ -1,9 +1,10 @@
-//! Group commit: concurrent message inserts share one statement and one transaction.
+//! Group commit: concurrent message inserts share one transaction.
 //!
-//! Callers hand a message to [`GroupCommitter::insert`] and wait; writer tasks take whatever
-//! is queued (up to `max_batch` rows), write it in one statement, and tell each caller its
-//! own outcome. Under load a commit carries hundreds of rows, so the cost of a durable commit
-//! (an fsync) is shared; when idle a lone insert goes out at once, with no timer to wait on.
+//! Callers [`submit`](MessageWriter::submit) a message and wait on its [`Ticket`]; writer
+//! tasks take whatever is queued (up to `max_batch` rows), write it in one transaction, and
+//! tell each caller its own outcome. Under load a commit carries hundreds of rows, so the
+//! cost of a durable commit (an fsync) is shared; when idle a lone insert goes out at once,
+//! with no timer to wait on.
 //!
 //! A caller learns `Inserted::New` only after the transaction holding its row has committed:
 //! that is what lets the pipeline's `SendAck OK` mean "durable".
@@ -18,13 +19,15 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use async_trait::async_trait;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::task::AbortHandle;
 
+use super::latency::LatencyWindow;
 use super::messages::Committed;
-use super::{Backend, Database, Inserted, NewMessage, StoreError};
+use super::{Backend, Database, Inserted, MessageWriter, StoreError};
 use crate::config::GroupCommitConfig;
-use crate::health::LatencyWindow;
+use crate::model::Message;
 
 /// A submitted insert: wait on it to learn the outcome once its batch is committed.
 pub struct Ticket(oneshot::Receiver<Result<Inserted, StoreError>>);
@@ -33,7 +36,8 @@ impl Ticket {
     /// The outcome of the insert, once durable (or failed).
     ///
     /// # Errors
-    /// As [`GroupCommitter::insert`].
+    /// [`StoreError::Closed`] when the writers stopped before answering; otherwise what the
+    /// database said about this row (see [`Database::insert_messages`]).
     pub async fn wait(self) -> Result<Inserted, StoreError> {
         self.0.await.map_err(|_| StoreError::Closed)?
     }
@@ -41,7 +45,7 @@ impl Ticket {
 
 /// One insert waiting for its batch.
 struct Pending {
-    message: NewMessage,
+    message: Message,
     done: Waiter,
 }
 
@@ -53,7 +57,6 @@ pub struct GroupCommitter {
     queue: mpsc::Sender<Pending>,
     /// The writer tasks, stopped on close.
     writers: Arc<std::sync::Mutex<Vec<AbortHandle>>>,
-    /// Batches being written right now.
     /// Inserts submitted and not yet answered: `close` waits for none.
     outstanding: Arc<AtomicUsize>,
     /// How long batch writes took, for the health snapshot.
@@ -107,30 +110,6 @@ impl GroupCommitter {
         &self.latency
     }
 
-    /// Stores `message` in the next batch and returns once that batch is committed.
-    ///
-    /// # Errors
-    /// [`StoreError::Closed`] when the writers have stopped; otherwise what the database
-    /// said about this row (see [`Database::insert_messages`]).
-    pub async fn insert(&self, message: NewMessage) -> Result<Inserted, StoreError> {
-        self.submit(message).await?.wait().await
-    }
-
-    /// Queues `message` for the next batch and returns at once with a ticket to wait on.
-    /// Messages submitted one after another are committed in that order.
-    ///
-    /// # Errors
-    /// [`StoreError::Closed`] when the writers have stopped.
-    pub async fn submit(&self, message: NewMessage) -> Result<Ticket, StoreError> {
-        let (done, outcome) = oneshot::channel();
-        // Counted only once a place in the queue is had: a caller that gives up waiting for
-        // one leaves nothing behind.
-        let place = self.queue.reserve().await.map_err(|_| StoreError::Closed)?;
-        self.outstanding.fetch_add(1, Ordering::SeqCst);
-        place.send(Pending { message, done });
-        Ok(Ticket(outcome))
-    }
-
     /// Waits (up to 30 s) until every submitted insert is answered, then stops the writers.
     /// Call it once nothing submits any more (the server stopped accepting sends).
     pub async fn close(&self) {
@@ -141,6 +120,19 @@ impl GroupCommitter {
         for handle in std::mem::take(&mut *self.writers.lock().unwrap_or_else(|p| p.into_inner())) {
             handle.abort();
         }
+    }
+}
+
+#[async_trait]
+impl MessageWriter for GroupCommitter {
+    async fn submit(&self, message: Message) -> Result<Ticket, StoreError> {
+        let (done, outcome) = oneshot::channel();
+        // Counted only once a place in the queue is had: a caller that gives up waiting for
+        // one leaves nothing behind.
+        let place = self.queue.reserve().await.map_err(|_| StoreError::Closed)?;
+        self.outstanding.fetch_add(1, Ordering::SeqCst);
+        place.send(Pending { message, done });
+        Ok(Ticket(outcome))
     }
 }
 
@@ -192,7 +184,7 @@ async fn write_batches(
         if received == 0 {
             break; // every sender is gone and the queue is drained
         }
-        let (messages, waiters): (Vec<NewMessage>, Vec<_>) =
+        let (messages, waiters): (Vec<Message>, Vec<_>) =
             batch.drain(..).map(|pending| (pending.message, pending.done)).unzip();
         metrics::histogram!("herald_store_batch_rows").record(messages.len() as f64);
         totals.batches.fetch_add(1, Ordering::Relaxed);

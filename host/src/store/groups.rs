@@ -1,14 +1,13 @@
 //! Groups and their members (`grp:` conversations).
 
-use super::{Database, StoreError, on_backend, signed};
+use async_trait::async_trait;
+
+use super::{Database, GroupStore, StoreError, on_backend, parse_each, signed};
 use crate::model::{GroupId, UserId};
 
-impl Database {
-    /// Creates a group with its first members, atomically.
-    ///
-    /// # Errors
-    /// [`StoreError::GroupExists`] when the id is taken; nothing changed.
-    pub async fn create_group(&self, group: &GroupId, members: &[UserId], now_ms: u64) -> Result<(), StoreError> {
+#[async_trait]
+impl GroupStore for Database {
+    async fn create_group(&self, group: &GroupId, members: &[UserId], now_ms: u64) -> Result<(), StoreError> {
         let result: Result<(), sqlx::Error> = on_backend!(self.writer, |pool, sql| {
             async {
                 let mut transaction = pool.begin().await?;
@@ -35,22 +34,7 @@ impl Database {
         })
     }
 
-    /// Deletes a group and its memberships. Returns whether it existed.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the write fails.
-    pub async fn delete_group(&self, group: &GroupId) -> Result<bool, StoreError> {
-        let done = on_backend!(self.writer, |pool, sql| {
-            sqlx::query(sql.delete_group).bind(group.as_str()).execute(pool).await?.rows_affected()
-        });
-        Ok(done > 0)
-    }
-
-    /// Adds `user` to `group`; adding a member twice is not an error.
-    ///
-    /// # Errors
-    /// [`StoreError::NoSuchGroup`] when the group does not exist.
-    pub async fn add_member(&self, group: &GroupId, user: &UserId, now_ms: u64) -> Result<(), StoreError> {
+    async fn add_member(&self, group: &GroupId, user: &UserId, now_ms: u64) -> Result<(), StoreError> {
         if !self.group_exists(group).await? {
             return Err(StoreError::NoSuchGroup(group.to_string()));
         }
@@ -63,67 +47,44 @@ impl Database {
                 .await
                 .map(|_| ())
         });
-        // A concurrent delete of the group leaves the insert without its parent row.
+        // A group removed between the check and the insert leaves it without its parent row.
         result.map_err(|error| match error.as_database_error() {
             Some(db) if db.is_foreign_key_violation() => StoreError::NoSuchGroup(group.to_string()),
             _ => StoreError::Database(error),
         })
     }
 
-    /// Removes `user` from `group`. Returns whether they were a member.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the write fails.
-    pub async fn remove_member(&self, group: &GroupId, user: &UserId) -> Result<bool, StoreError> {
+    async fn remove_member(&self, group: &GroupId, user: &UserId) -> Result<bool, StoreError> {
         let done = on_backend!(self.writer, |pool, sql| {
             sqlx::query(sql.remove_member).bind(group.as_str()).bind(user.as_str()).execute(pool).await?.rows_affected()
         });
         Ok(done > 0)
     }
 
-    /// Whether `group` exists.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the query fails.
-    pub async fn group_exists(&self, group: &GroupId) -> Result<bool, StoreError> {
-        let count: i64 = on_backend!(self.reader, |pool, sql| {
-            sqlx::query_scalar(sql.group_exists).bind(group.as_str()).fetch_one(pool).await?
-        });
-        Ok(count > 0)
-    }
-
-    /// The members of `group`, sorted; `None` when there is no such group.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the query fails.
-    pub async fn group_members(&self, group: &GroupId) -> Result<Option<Vec<String>>, StoreError> {
+    async fn group_members(&self, group: &GroupId) -> Result<Option<Vec<UserId>>, StoreError> {
         if !self.group_exists(group).await? {
             return Ok(None);
         }
         let members = on_backend!(self.reader, |pool, sql| {
             sqlx::query_scalar(sql.group_members).bind(group.as_str()).fetch_all(pool).await?
         });
-        Ok(Some(members))
+        Ok(Some(parse_each(members, "group_members.user_id", UserId::parse)))
     }
 
-    /// Whether `user` is a member of `group`.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the query fails.
-    pub async fn is_member(&self, group: &GroupId, user: &UserId) -> Result<bool, StoreError> {
+    async fn groups_of(&self, user: &UserId) -> Result<Vec<GroupId>, StoreError> {
+        let groups = on_backend!(self.reader, |pool, sql| {
+            sqlx::query_scalar(sql.groups_of_user).bind(user.as_str()).fetch_all(pool).await?
+        });
+        Ok(parse_each(groups, "group_members.group_id", GroupId::parse))
+    }
+}
+
+impl Database {
+    /// Whether `group` exists: a group with no members left still does.
+    async fn group_exists(&self, group: &GroupId) -> Result<bool, StoreError> {
         let count: i64 = on_backend!(self.reader, |pool, sql| {
-            sqlx::query_scalar(sql.is_member).bind(group.as_str()).bind(user.as_str()).fetch_one(pool).await?
+            sqlx::query_scalar(sql.group_exists).bind(group.as_str()).fetch_one(pool).await?
         });
         Ok(count > 0)
-    }
-
-    /// The groups `user` belongs to, sorted.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the query fails.
-    pub async fn groups_of(&self, user: &UserId) -> Result<Vec<String>, StoreError> {
-        Ok(on_backend!(self.reader, |pool, sql| {
-            sqlx::query_scalar(sql.groups_of_user).bind(user.as_str()).fetch_all(pool).await?
-        }))
     }
 }

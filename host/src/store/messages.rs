@@ -6,43 +6,11 @@
 
 use std::collections::HashSet;
 
+use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, QueryBuilder, Row, Type};
 
-use super::{Database, ROWS_PER_STATEMENT, StoreError, on_backend, signed, unsigned};
-use crate::model::{ClientMsgId, ConversationId, DeviceId, UserId};
-
-/// A message ready to be stored: ids allocated, content validated.
-#[derive(Debug, Clone)]
-pub struct NewMessage {
-    /// Snowflake id.
-    pub id: u64,
-    pub conversation: ConversationId,
-    /// Seq within the conversation, from the segment allocator.
-    pub seq: u64,
-    pub sender: UserId,
-    pub sender_device: DeviceId,
-    /// The sender's idempotency key.
-    pub client_msg_id: ClientMsgId,
-    /// Application-defined kind.
-    pub kind: u32,
-    pub body: Vec<u8>,
-    /// Wall time the owner accepted it, in ms since the Unix epoch.
-    pub sent_at_ms: u64,
-}
-
-/// A message as read back from storage.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredMessage {
-    pub id: u64,
-    pub conversation: String,
-    pub seq: u64,
-    pub sender: String,
-    pub sender_device: String,
-    pub client_msg_id: String,
-    pub kind: u32,
-    pub body: Vec<u8>,
-    pub sent_at_ms: u64,
-}
+use super::{Database, MessageStore, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned};
+use crate::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
 
 /// What an insert did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,28 +19,34 @@ pub enum Inserted {
     New { id: u64, seq: u64 },
     /// The (sender, client_msg_id) pair was stored before: nothing was written, and these
     /// are the original message's ids.
-    Duplicate { id: u64, seq: u64, conversation: String },
+    Duplicate { id: u64, seq: u64, conversation: ConversationId },
 }
 
-/// Reads a [`StoredMessage`] from a row of any backend.
-fn message_from_row<'r, R>(row: &'r R) -> Result<StoredMessage, StoreError>
+/// Reads a [`Message`] from a row of any backend.
+///
+/// # Errors
+/// [`StoreError::Corrupt`] when a column does not hold a valid value (an id that does not
+/// parse, a negative number), naming the column.
+fn message_from_row<'r, R>(row: &'r R) -> Result<Message, StoreError>
 where
     R: Row,
     &'static str: ColumnIndex<R>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
+    &'r str: Decode<'r, R::Database> + Type<R::Database>,
     Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
 {
+    let text = |column: &'static str| row.try_get::<&str, _>(column);
     let kind: i64 = row.try_get("kind")?;
-    Ok(StoredMessage {
+    let body: Vec<u8> = row.try_get("body")?;
+    Ok(Message {
         id: unsigned(row.try_get("id")?, "id")?,
-        conversation: row.try_get("conversation")?,
+        conversation: parse_stored(text("conversation")?, "messages.conversation", ConversationId::parse)?,
         seq: unsigned(row.try_get("seq")?, "seq")?,
-        sender: row.try_get("sender")?,
-        sender_device: row.try_get("sender_device")?,
-        client_msg_id: row.try_get("client_msg_id")?,
+        sender: parse_stored(text("sender")?, "messages.sender", UserId::parse)?,
+        sender_device: parse_stored(text("sender_device")?, "messages.sender_device", DeviceId::parse)?,
+        client_msg_id: parse_stored(text("client_msg_id")?, "messages.client_msg_id", ClientMsgId::parse)?,
         kind: u32::try_from(kind).map_err(|_| StoreError::Corrupt(format!("kind {kind}")))?,
-        body: row.try_get("body")?,
+        body: body.into(),
         sent_at_ms: unsigned(row.try_get("sent_at_ms")?, "sent_at_ms")?,
     })
 }
@@ -95,15 +69,17 @@ impl Committed {
 }
 
 impl Database {
-    /// Inserts `messages` with one statement (one transaction), and says for each whether
-    /// it was stored or was a duplicate. When this returns, every `Inserted::New` is durable.
+    /// Inserts `messages` in one transaction, and says for each whether it was stored or
+    /// was a duplicate. When this returns, every `Inserted::New` is durable. The server
+    /// inserts through the [`GroupCommitter`](super::GroupCommitter) instead, which batches
+    /// concurrent sends and overlaps durability with the next batch.
     ///
     /// If the statement as a whole fails, each message is retried on its own, so one bad row
     /// cannot fail the others that shared its batch.
     ///
     /// A per-row [`StoreError::Conflict`] means the row's seq or id was already taken by a
     /// different message; any other per-row error is transient (the database failed).
-    pub async fn insert_messages(&self, messages: &[NewMessage]) -> Vec<Result<Inserted, StoreError>> {
+    pub async fn insert_messages(&self, messages: &[Message]) -> Vec<Result<Inserted, StoreError>> {
         let committed = self.insert_messages_committed(messages).await;
         self.make_durable(vec![committed]).await.pop().unwrap_or_default()
     }
@@ -111,7 +87,7 @@ impl Database {
     /// As [`insert_messages`](Self::insert_messages), but returns once committed: on SQLite
     /// the commit is not durable until [`make_durable`](Self::make_durable) says so, which
     /// the group committer does off its writer's path.
-    pub async fn insert_messages_committed(&self, messages: &[NewMessage]) -> Committed {
+    pub async fn insert_messages_committed(&self, messages: &[Message]) -> Committed {
         match self.insert_batch(messages).await {
             Ok(committed) => committed,
             Err(error) if messages.len() == 1 => Committed { results: vec![Err(error)], sync: None },
@@ -154,7 +130,7 @@ impl Database {
             .collect()
     }
 
-    async fn insert_batch<'m>(&self, messages: &'m [NewMessage]) -> Result<Committed, StoreError> {
+    async fn insert_batch<'m>(&self, messages: &'m [Message]) -> Result<Committed, StoreError> {
         if messages.is_empty() {
             return Ok(Committed { results: Vec::new(), sync: None });
         }
@@ -164,11 +140,11 @@ impl Database {
         // Rows in (conversation, seq) order: each conversation's index entries then go in
         // one after another, onto pages just touched, instead of jumping between them; and
         // concurrent batches take row locks in one order (no deadlock between writers).
-        let mut rows: Vec<&'m NewMessage> = messages.iter().collect();
+        let mut rows: Vec<&'m Message> = messages.iter().collect();
         rows.sort_unstable_by(|a, b| (a.conversation.as_str(), a.seq).cmp(&(b.conversation.as_str(), b.seq)));
         let sync = on_backend!(self.writer, |pool, sql| {
             let mut connection = pool.acquire().await?;
-            let statement = |chunk: &[&'m NewMessage]| {
+            let statement = |chunk: &[&'m Message]| {
                 let mut insert = QueryBuilder::new(sql.insert_messages);
                 insert.push_values(chunk, |mut row, m| {
                     row.push_bind(signed(m.id))
@@ -178,13 +154,13 @@ impl Database {
                         .push_bind(m.sender_device.as_str())
                         .push_bind(m.client_msg_id.as_str())
                         .push_bind(i64::from(m.kind))
-                        .push_bind(m.body.as_slice())
+                        .push_bind(m.body.as_ref())
                         .push_bind(signed(m.sent_at_ms));
                 });
                 insert.push(sql.insert_messages_tail);
                 insert
             };
-            let chunks: Vec<&[&NewMessage]> = rows.chunks(ROWS_PER_STATEMENT).collect();
+            let chunks: Vec<&[&Message]> = rows.chunks(ROWS_PER_STATEMENT).collect();
             let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
             let mut insert = statement(chunks.first().copied().unwrap_or_default());
             for (n, &chunk) in chunks.iter().enumerate() {
@@ -252,25 +228,13 @@ impl Database {
         }
     }
 
-    /// The message `sender` sent with `client_msg_id`, if stored (and durable).
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the query fails.
-    pub async fn message_by_client_id(
-        &self,
-        sender: &UserId,
-        client_msg_id: &ClientMsgId,
-    ) -> Result<Option<StoredMessage>, StoreError> {
-        let found = self.find_by_client_id(sender, client_msg_id).await?;
-        self.settle().await?;
-        Ok(found)
-    }
-
+    /// The message `sender` sent with `client_msg_id`, if stored: the original a duplicate
+    /// insert answers with. Not settled (see [`insert_batch`](Self::insert_batch)).
     async fn find_by_client_id(
         &self,
         sender: &UserId,
         client_msg_id: &ClientMsgId,
-    ) -> Result<Option<StoredMessage>, StoreError> {
+    ) -> Result<Option<Message>, StoreError> {
         on_backend!(self.reader, |pool, sql| {
             let row = sqlx::query(sql.message_by_client_id)
                 .bind(sender.as_str())
@@ -280,17 +244,16 @@ impl Database {
             row.as_ref().map(message_from_row).transpose()
         })
     }
+}
 
-    /// Up to `limit` messages of `conversation` with seq > `after_seq`, ascending.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the query fails.
-    pub async fn messages_after(
+#[async_trait]
+impl MessageStore for Database {
+    async fn messages_after(
         &self,
         conversation: &ConversationId,
         after_seq: u64,
         limit: u32,
-    ) -> Result<Vec<StoredMessage>, StoreError> {
+    ) -> Result<Vec<Message>, StoreError> {
         let messages = on_backend!(self.reader, |pool, sql| {
             let rows = sqlx::query(sql.messages_after)
                 .bind(conversation.as_str())
@@ -304,20 +267,15 @@ impl Database {
         Ok(messages)
     }
 
-    /// Up to `limit` messages of `conversation` with seq < `before_seq`, newest of those
-    /// first is what is fetched, returned in ascending seq order. `before_seq == 0` means
-    /// "the latest".
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the query fails.
-    pub async fn messages_before(
+    async fn messages_before(
         &self,
         conversation: &ConversationId,
         before_seq: u64,
         limit: u32,
-    ) -> Result<Vec<StoredMessage>, StoreError> {
+    ) -> Result<Vec<Message>, StoreError> {
         let before = if before_seq == 0 { i64::MAX } else { signed(before_seq) };
-        let mut messages: Vec<StoredMessage> = on_backend!(self.reader, |pool, sql| {
+        // Fetched newest first, so the limit keeps the newest; returned oldest first.
+        let mut messages: Vec<Message> = on_backend!(self.reader, |pool, sql| {
             let rows = sqlx::query(sql.messages_before)
                 .bind(conversation.as_str())
                 .bind(before)
@@ -331,11 +289,7 @@ impl Database {
         Ok(messages)
     }
 
-    /// The highest stored seq of `conversation`, or 0 when it has no messages.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the query fails.
-    pub async fn latest_seq(&self, conversation: &ConversationId) -> Result<u64, StoreError> {
+    async fn latest_seq(&self, conversation: &ConversationId) -> Result<u64, StoreError> {
         let latest: Option<i64> = on_backend!(self.reader, |pool, sql| {
             sqlx::query_scalar(sql.latest_seq).bind(conversation.as_str()).fetch_one(pool).await?
         });

@@ -1,22 +1,25 @@
-//! Durable storage: messages, seq segments, device cursors, groups and routes.
+//! Durable storage: messages, seq segments, device cursors, groups and direct conversations.
 //!
-//! One [`Database`] serves all three backends — SQLite (embedded mode), MySQL/MariaDB and
-//! PostgreSQL (cluster mode) — from the same logical schema (`migrations/<backend>`). Rust
-//! code is shared; only SQL text differs, kept as `&'static str` per dialect in
-//! [`sqlite`], [`mysql`] and [`postgres`]. The [`on_backend!`] macro runs one body of code
-//! against whichever pool is configured, with that dialect's statements.
+//! The layers above see storage through one trait per repository ([`repos`] and
+//! [`SeqLeases`]); [`Database`] implements them for all three backends — SQLite (embedded
+//! mode), MySQL/MariaDB and PostgreSQL (cluster mode) — from the same logical schema
+//! (`migrations/<backend>`), and [`GroupCommitter`] writes messages in shared commits. Rust
+//! code is shared; only SQL text differs, kept as `&'static str` per dialect in [`sqlite`],
+//! [`mysql`] and [`postgres`]. The [`on_backend!`] macro runs one body of code against
+//! whichever pool is configured, with that dialect's statements.
 //!
-//! Nothing here knows about WebSockets or the wire protocol.
+//! Nothing here knows about WebSockets, the wire protocol or the pipeline: the store depends
+//! only on [`crate::model`] and [`crate::config`].
 
 pub mod conversations;
 pub mod cursors;
 pub mod group_commit;
 pub mod groups;
+pub mod latency;
 pub mod messages;
 pub mod mysql;
 pub mod postgres;
-pub mod routes;
-pub mod scratch;
+pub mod repos;
 pub mod seq_lease;
 pub mod sqlite;
 pub mod wal_sync;
@@ -25,16 +28,22 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::config::{self, StorageConfig};
+use crate::model::InvalidId;
 use wal_sync::WalSync;
 
-pub use group_commit::{BatchTotals, GroupCommitter};
-pub use messages::{Inserted, NewMessage, StoredMessage};
+pub use cursors::CursorUpdate;
+pub use group_commit::{BatchTotals, GroupCommitter, Ticket};
+pub use latency::LatencyWindow;
+pub use messages::Inserted;
+pub use repos::*;
+pub use seq_lease::{LeaseError, SeqLeases, SeqRange};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/mysql");
@@ -101,7 +110,7 @@ pub struct Sql {
     /// Whether the driver's affected-row count of that insert is the number of rows
     /// inserted (not so for MySQL, which counts rows found by `ON DUPLICATE KEY UPDATE`).
     pub insert_count_is_exact: bool,
-    /// One message by (sender, client_msg_id).
+    /// One message by (sender, client_msg_id): the original of a duplicate insert.
     pub message_by_client_id: &'static str,
     /// Messages after a seq, ascending.
     pub messages_after: &'static str,
@@ -117,19 +126,18 @@ pub struct Sql {
     pub upsert_cursors_tail: &'static str,
     /// Cursors of one device.
     pub cursors_of_device: &'static str,
+    /// Creates a group (fails on a taken id).
     pub insert_group: &'static str,
-    pub delete_group: &'static str,
     /// Adds a member unless present.
     pub add_member: &'static str,
+    /// Removes a member.
     pub remove_member: &'static str,
+    /// Counts the groups of an id: 1 when it exists.
     pub group_exists: &'static str,
+    /// Members of a group, sorted.
     pub group_members: &'static str,
-    pub is_member: &'static str,
+    /// Groups of a user, sorted.
     pub groups_of_user: &'static str,
-    pub upsert_route: &'static str,
-    pub remove_route: &'static str,
-    pub routes_of_user: &'static str,
-    pub drop_node_routes: &'static str,
     /// Records that a user takes part in a direct conversation (idempotent).
     pub add_user_conversation: &'static str,
     /// The direct conversations of a user.
@@ -169,7 +177,8 @@ macro_rules! on_backend {
 }
 pub(crate) use on_backend;
 
-/// Handle to the database: cheap to clone, shared by every repository.
+/// Handle to the database, cheap to clone. It implements every repository trait but
+/// [`MessageWriter`], which the [`GroupCommitter`] in front of it implements.
 #[derive(Clone, Debug)]
 pub struct Database {
     /// Connections for reads.
@@ -318,15 +327,17 @@ impl Database {
         }
     }
 
-    /// Whether the database answers a trivial query (for `/readyz`).
-    pub async fn ping(&self) -> bool {
-        on_backend!(self.reader, |pool, _sql| sqlx::query("SELECT 1").execute(pool).await.is_ok())
-    }
-
     /// Closes every connection, waiting for those in use.
     pub async fn close(&self) {
         on_backend!(self.reader, |pool, _sql| pool.close().await);
         on_backend!(self.writer, |pool, _sql| pool.close().await);
+    }
+}
+
+#[async_trait]
+impl StoreProbe for Database {
+    async fn ping(&self) -> bool {
+        on_backend!(self.reader, |pool, _sql| sqlx::query("SELECT 1").execute(pool).await.is_ok())
     }
 }
 
@@ -344,4 +355,31 @@ pub(crate) fn unsigned(value: i64, column: &str) -> Result<u64, StoreError> {
 /// seqs and timestamps stay below 2^63, so this only saturates on nonsense input.
 pub(crate) fn signed(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Parses a stored id read back as part of a row that cannot do without it.
+///
+/// # Errors
+/// [`StoreError::Corrupt`] naming the column and the value.
+pub(crate) fn parse_stored<T>(
+    text: &str,
+    column: &str,
+    parse: impl FnOnce(&str) -> Result<T, InvalidId>,
+) -> Result<T, StoreError> {
+    parse(text).map_err(|error| StoreError::Corrupt(format!("{column} {text:?}: {error}")))
+}
+
+/// Parses a list of stored ids, leaving out (with a warning) any that is not valid, so one
+/// bad row does not fail a read that is useful without it.
+pub(crate) fn parse_each<T>(values: Vec<String>, column: &str, parse: impl Fn(&str) -> Result<T, InvalidId>) -> Vec<T> {
+    values
+        .into_iter()
+        .filter_map(|text| match parse_stored(&text, column, &parse) {
+            Ok(id) => Some(id),
+            Err(error) => {
+                tracing::warn!(%error, "skipping a stored id");
+                None
+            }
+        })
+        .collect()
 }

@@ -4,6 +4,8 @@
 
 mod allocator;
 mod cli;
+mod in_process;
+mod layering;
 mod messaging;
 mod storage;
 mod support;

@@ -1,10 +1,13 @@
-//! Test databases: a fresh one per test, on each backend (see `store::scratch`). A backend
+//! Test databases: a fresh one per test, on each backend (see `tests/scratch`). A backend
 //! that cannot be reached fails the test with a message saying how to start it — never a
 //! silent skip.
 
+#[path = "../scratch/mod.rs"]
+mod scratch;
+
 use herald_host::config::StorageConfig;
-use herald_host::store::scratch::ScratchDatabase;
 use herald_host::store::{Backend, Database};
+use scratch::ScratchDatabase;
 
 /// A database created for one test; call [`TestDb::drop_database`] at the end.
 pub struct TestDb {

@@ -5,10 +5,12 @@
 //! local servers and their `test` database, overridable with `HERALD_TEST_MYSQL_URL` /
 //! `HERALD_TEST_POSTGRES_URL`); a new database is created beside it. SQLite gets a file in
 //! a temporary folder.
+//!
+//! Shared by the integration tests (`tests/all/support.rs`) and the storage benchmark
+//! (`benches/storage.rs`), each of which includes this file as a module of its own.
 
+use herald_host::store::{Backend, StoreError};
 use sqlx::Connection;
-
-use super::{Backend, StoreError};
 
 /// Default admin URL for MariaDB/MySQL.
 pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
@@ -142,17 +144,9 @@ fn rand_u32() -> u32 {
     hasher.finish() as u32
 }
 
-#[cfg(test)]
-mod tests {
-    use super::replace_database;
-
-    #[test]
-    fn database_name_is_replaced_keeping_the_rest() {
-        assert_eq!(replace_database("mysql://root@127.0.0.1:3306/test", "x"), "mysql://root@127.0.0.1:3306/x");
-        assert_eq!(
-            replace_database("postgres://u:p@h/test?sslmode=disable", "x"),
-            "postgres://u:p@h/x?sslmode=disable"
-        );
-        assert_eq!(replace_database("postgres://h", "x"), "postgres://h/x");
-    }
+#[test]
+fn database_name_is_replaced_keeping_the_rest() {
+    assert_eq!(replace_database("mysql://root@127.0.0.1:3306/test", "x"), "mysql://root@127.0.0.1:3306/x");
+    assert_eq!(replace_database("postgres://u:p@h/test?sslmode=disable", "x"), "postgres://u:p@h/x?sslmode=disable");
+    assert_eq!(replace_database("postgres://h", "x"), "postgres://h/x");
 }

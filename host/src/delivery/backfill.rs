@@ -1,0 +1,125 @@
+//! Backfill on connect: what a just-connected device's cursors lack, pushed oldest first.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use herald_proto::v1;
+
+use super::session::{Session, read_from};
+use super::{Delivery, wire_message};
+use crate::model::{ConversationId, ConversationKind, DeviceId, UserId};
+use crate::store::StoreError;
+
+impl Delivery {
+    /// Every conversation a device should follow, with its server-side cursor.
+    pub(super) async fn device_conversations(
+        &self,
+        user: &UserId,
+        device: &DeviceId,
+    ) -> Result<BTreeMap<ConversationId, u64>, StoreError> {
+        let mut all: BTreeSet<ConversationId> =
+            self.stores.conversations.user_conversations(user).await?.into_iter().collect();
+        for group in self.stores.groups.groups_of(user).await? {
+            if let Ok(conversation) = ConversationId::parse(&format!("grp:{group}")) {
+                all.insert(conversation);
+            }
+        }
+        let mut out: BTreeMap<ConversationId, u64> = all.into_iter().map(|conversation| (conversation, 0)).collect();
+        for (conversation, seq) in self.stores.cursors.cursors(user, device).await? {
+            if !matches!(conversation.kind(), ConversationKind::Room(_)) {
+                let pending = self.cursors.pending(user, device, &conversation).unwrap_or(0);
+                out.insert(conversation, seq.max(pending));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Pushes to a just-connected device what its cursors lack, oldest first, waiting for
+    /// room in its queue (so a reconnect storm paces itself), then lets live pushes through
+    /// and catches up on what was stored meanwhile.
+    ///
+    /// A device back within the reconnect grace period (its session resumed from the
+    /// dropped one) is owed only a few conversations, known without asking the database:
+    /// only those are read. Otherwise every conversation of the user is.
+    pub async fn backfill(self: &Arc<Self>, session: Arc<Session>) {
+        if !self.vitals.tier().backfills() {
+            // Degraded: the device catches up by sync instead.
+            session.skip_backfill();
+            return;
+        }
+        let Ok(_permit) = self.backfill_permits.acquire().await else { return };
+        let resumed = session.take_resume();
+        let full = resumed.is_none();
+        metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" })
+            .increment(1);
+        let mut positions = match resumed {
+            Some(owed) => owed,
+            None => match self.device_conversations(&session.user, &session.device).await {
+                Ok(conversations) => conversations,
+                Err(error) => {
+                    tracing::warn!(%error, "backfill: storage unavailable; the device can sync");
+                    self.vitals.count_error();
+                    session.skip_backfill();
+                    return;
+                }
+            },
+        };
+        if !self.push_after(&session, &mut positions).await {
+            return;
+        }
+        // Open the session to live pushes, then look again for anything stored before live
+        // pushes reached it: where fan-out found it not yet live, and (full backfill, or too
+        // many of those to note) every conversation, since one may have started meanwhile.
+        let owed = session.go_live();
+        for (conversation, lowest) in owed.iter().flatten() {
+            read_from(&mut positions, conversation.clone(), *lowest);
+        }
+        if (full || owed.is_none())
+            && let Ok(now) = self.device_conversations(&session.user, &session.device).await
+        {
+            for (conversation, cursor) in now {
+                positions.entry(conversation).or_insert(cursor);
+            }
+        }
+        if self.push_after(&session, &mut positions).await {
+            session.end_claims();
+        }
+    }
+
+    /// One pass: pushes what follows each position (moving it on), skipping what the device
+    /// sent or was pushed live already. False when the session closed meanwhile.
+    async fn push_after(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        positions: &mut BTreeMap<ConversationId, u64>,
+    ) -> bool {
+        for (conversation, position) in positions.iter_mut() {
+            if session.is_closed() {
+                return false; // gone (or closed by a shutdown): nothing more to push or read
+            }
+            let messages =
+                match self.stores.messages.messages_after(conversation, *position, self.config.backfill_limit).await {
+                    Ok(messages) => messages,
+                    Err(error) => {
+                        tracing::warn!(%error, %conversation, "backfill: read failed; the device can sync");
+                        self.vitals.count_error();
+                        continue;
+                    }
+                };
+            for message in messages {
+                *position = message.seq;
+                if message.is_from(&session.user, &session.device) || !session.claim_push(conversation, message.seq) {
+                    continue; // the device has it, or it was pushed live already
+                }
+                let wire = wire_message(&message);
+                let frame = v1::Frame::new(0, v1::Deliver { message: Some(wire.clone()), attempt: 1 });
+                if !session.push_waiting(frame).await {
+                    return false;
+                }
+                self.vitals.count_push(1);
+                self.schedule_retry(Arc::clone(session), conversation.clone(), wire, 1);
+            }
+        }
+        true
+    }
+}

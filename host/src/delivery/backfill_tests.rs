@@ -1,0 +1,125 @@
+//! `Delivery::backfill` on messages stored in SQLite through the pipeline: what a device
+//! that connects is pushed, which conversations are read for it, and when it goes live.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::session::Session;
+use crate::store::{CursorStore, CursorUpdate};
+use crate::testkit::{Kit, RecordingOutbox, WAIT, conversation_id, device_id, user_id};
+
+const DM: &str = "dm:alice:bob";
+
+/// Runs a session's backfill to its end.
+async fn backfill(kit: &Kit, session: &Arc<Session>) {
+    tokio::time::timeout(WAIT, kit.delivery.backfill(Arc::clone(session))).await.expect("backfill hung");
+}
+
+/// Which conversations delivery read.
+fn conversations_read(kit: &Kit) -> BTreeSet<String> {
+    kit.reads.reads().into_iter().map(|(conversation, _)| conversation.to_string()).collect()
+}
+
+#[tokio::test]
+async fn a_new_session_is_pushed_what_follows_its_cursor_in_order_then_goes_live() {
+    let kit = Kit::new().await;
+    let n = 5;
+    for i in 1..=n {
+        kit.send_ok("alice", "phone", DM, &format!("message {i}")).await;
+    }
+    let update =
+        CursorUpdate { user: user_id("bob"), device: device_id("phone"), conversation: conversation_id(DM), seq: 1 };
+    kit.database.advance_cursors(&[update]).await.expect("write the cursor");
+    let outbox = RecordingOutbox::new();
+    let session = kit.attach("bob", "phone", Arc::clone(&outbox)).await;
+    assert!(!session.is_live());
+
+    backfill(&kit, &session).await;
+
+    let expected: Vec<(String, u64)> = (2..=n).map(|seq| (DM.to_owned(), seq)).collect();
+    assert_eq!(outbox.delivered_seqs(), expected, "exactly what follows the cursor, oldest first");
+    let bodies: Vec<String> =
+        outbox.delivered().iter().map(|m| String::from_utf8(m.body.to_vec()).expect("utf-8")).collect();
+    assert_eq!(bodies.first().map(String::as_str), Some("message 2"));
+    assert!(session.is_live(), "live pushes go through once backfill is over");
+}
+
+#[tokio::test]
+async fn backfill_skips_what_the_device_sent_itself() {
+    let kit = Kit::new().await;
+    kit.send_ok("alice", "phone", DM, "from alice").await;
+    kit.send_ok("bob", "phone", DM, "from this very device").await;
+    kit.send_ok("bob", "laptop", DM, "from bob's other device").await;
+    let outbox = RecordingOutbox::new();
+    let session = kit.attach("bob", "phone", Arc::clone(&outbox)).await;
+
+    backfill(&kit, &session).await;
+
+    assert_eq!(outbox.delivered_seqs(), vec![(DM.to_owned(), 1), (DM.to_owned(), 3)]);
+    assert!(session.is_live());
+}
+
+#[tokio::test]
+async fn a_resumed_session_reads_only_the_conversations_it_is_owed() {
+    let kit = Kit::new().await;
+    let carol = "dm:bob:carol";
+    let (old, old_outbox) = kit.connect("bob", "phone").await;
+    // Live pushes the device took and acked, in two conversations.
+    for body in ["one", "two"] {
+        kit.send_ok("alice", "phone", DM, body).await;
+    }
+    kit.send_ok("carol", "phone", carol, "hi bob").await;
+    assert_eq!(old_outbox.delivered().len(), 3, "pushed live: {:?}", old_outbox.delivered_seqs());
+    kit.delivery.ack(&old, &conversation_id(DM), 2).await;
+    kit.delivery.ack(&old, &conversation_id(carol), 1).await;
+    // It drops; while it is away a message of one conversation comes.
+    kit.drop_within_grace(&old).await;
+    kit.send_ok("alice", "phone", DM, "three").await;
+    assert_eq!(old_outbox.delivered().len(), 3, "nothing pushed while parked");
+
+    let outbox = RecordingOutbox::new();
+    let back = kit.attach("bob", "phone", Arc::clone(&outbox)).await;
+    let parked = kit.sessions.unpark(&back.user, &back.device).expect("parked");
+    assert!(back.resume_from(&parked), "its ledger knows all the device may lack");
+    kit.reads.clear();
+
+    backfill(&kit, &back).await;
+
+    assert_eq!(outbox.delivered_seqs(), vec![(DM.to_owned(), 3)]);
+    assert_eq!(conversations_read(&kit), BTreeSet::from([DM.to_owned()]), "{carol} is not read: nothing is owed there");
+    assert!(back.is_live());
+}
+
+#[tokio::test]
+async fn a_full_backfill_reads_every_conversation_of_the_user() {
+    // The counterpart of the resumed case: without a ledger to resume from, every
+    // conversation is read (so the test above tells the two paths apart).
+    let kit = Kit::new().await;
+    kit.send_ok("alice", "phone", DM, "one").await;
+    kit.send_ok("carol", "phone", "dm:bob:carol", "hi bob").await;
+    let outbox = RecordingOutbox::new();
+    let session = kit.attach("bob", "phone", Arc::clone(&outbox)).await;
+
+    backfill(&kit, &session).await;
+
+    assert_eq!(conversations_read(&kit), BTreeSet::from([DM.to_owned(), "dm:bob:carol".to_owned()]));
+    let delivered: BTreeSet<(String, u64)> = outbox.delivered_seqs().into_iter().collect();
+    assert_eq!(delivered, BTreeSet::from([(DM.to_owned(), 1), ("dm:bob:carol".to_owned(), 1)]));
+}
+
+#[tokio::test]
+async fn a_session_whose_outbox_closes_stops_without_going_live() {
+    let kit = Kit::new().await;
+    for i in 1..=5 {
+        kit.send_ok("alice", "phone", DM, &format!("message {i}")).await;
+    }
+    // The device goes away after two frames.
+    let outbox = RecordingOutbox::closing_after(2);
+    let session = kit.attach("bob", "phone", Arc::clone(&outbox)).await;
+
+    backfill(&kit, &session).await;
+
+    assert_eq!(outbox.delivered_seqs(), vec![(DM.to_owned(), 1), (DM.to_owned(), 2)]);
+    assert!(!session.is_live(), "a closed session never goes live");
+    assert!(!session.park(), "nor may it be resumed from: its backfill never finished");
+}

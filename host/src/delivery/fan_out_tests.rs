@@ -1,0 +1,229 @@
+//! `Delivery::fan_out`, seen through the seams it pushes to: sessions' outboxes (recording),
+//! the route table (counting its lookups) and the node bus (recording what other nodes are
+//! asked).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use crate::model::{ConnectionId, DeviceId, GroupId, NodeId, UserId};
+use crate::routing::rooms::RoomDirectory as _;
+use crate::routing::{MemoryRouteTable, Route, RouteError, RouteTable};
+use crate::testkit::{
+    BusCall, Kit, Options, RecordingBus, RecordingOutbox, THIS_NODE, conversation_id, device_id, message, user_id,
+};
+
+/// The in-process route table, noting the users of every `devices_of`.
+#[derive(Default)]
+struct CountingRoutes {
+    table: MemoryRouteTable,
+    lookups: Mutex<Vec<Vec<UserId>>>,
+}
+
+impl CountingRoutes {
+    fn lookups(&self) -> Vec<Vec<UserId>> {
+        self.lookups.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[async_trait]
+impl RouteTable for CountingRoutes {
+    async fn login(&self, route: Route) -> Result<Option<Route>, RouteError> {
+        self.table.login(route).await
+    }
+
+    async fn logout(
+        &self,
+        user: &UserId,
+        device: &DeviceId,
+        node: NodeId,
+        connection: ConnectionId,
+    ) -> Result<bool, RouteError> {
+        self.table.logout(user, device, node, connection).await
+    }
+
+    async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
+        self.lookups.lock().unwrap_or_else(|p| p.into_inner()).push(users.to_vec());
+        self.table.devices_of(users).await
+    }
+}
+
+/// Logs `user`'s `device` in on `node` (another node's connection).
+async fn connected_elsewhere(kit: &Kit, user: &str, device: &str, node: NodeId) {
+    let route = Route {
+        user: user_id(user),
+        device: device_id(device),
+        node,
+        connection: kit.connection_id(),
+        connected_at_ms: 0,
+    };
+    kit.routes.login(route).await.expect("log in");
+}
+
+/// The users of each `deliver` call, by node, each list sorted.
+fn delivered_by_node(calls: &[BusCall], seq: u64) -> BTreeMap<NodeId, Vec<String>> {
+    let mut by_node = BTreeMap::new();
+    for call in calls {
+        if let BusCall::Deliver { node, message, users } = call {
+            assert_eq!(message.seq, seq);
+            let mut users: Vec<String> = users.iter().map(ToString::to_string).collect();
+            users.sort();
+            assert!(by_node.insert(*node, users).is_none(), "one deliver per node: {calls:?}");
+        }
+    }
+    by_node
+}
+
+#[tokio::test]
+async fn a_direct_message_reaches_every_device_but_the_sending_one() {
+    let kit = Kit::new().await;
+    let (_, alice_phone) = kit.connect("alice", "phone").await;
+    let (_, alice_laptop) = kit.connect("alice", "laptop").await;
+    let (_, bob_phone) = kit.connect("bob", "phone").await;
+    let (_, bob_tablet) = kit.connect("bob", "tablet").await;
+    let (_, carol_phone) = kit.connect("carol", "phone").await;
+    let sent = message("dm:alice:bob", 1, "alice", "phone");
+
+    kit.delivery.fan_out(Arc::clone(&sent)).await;
+
+    for (who, outbox) in [("alice/laptop", &alice_laptop), ("bob/phone", &bob_phone), ("bob/tablet", &bob_tablet)] {
+        let delivered = outbox.delivered();
+        assert_eq!(delivered.len(), 1, "{who} gets it once: {delivered:?}");
+        assert_eq!(
+            (delivered[0].id, delivered[0].seq, delivered[0].conversation.as_str()),
+            (sent.id, 1, "dm:alice:bob")
+        );
+        assert_eq!((delivered[0].sender.as_str(), delivered[0].sender_device.as_str()), ("alice", "phone"));
+    }
+    assert!(alice_phone.frames().is_empty(), "the sending device has it already");
+    assert!(carol_phone.frames().is_empty(), "not a member");
+}
+
+#[tokio::test]
+async fn a_group_message_reaches_every_member_with_one_route_lookup() {
+    let routes = Arc::new(CountingRoutes::default());
+    let kit = Kit::with(Options { routes: Arc::clone(&routes) as _, ..Options::default() }).await;
+    let members = [user_id("alice"), user_id("bob"), user_id("carol"), user_id("dave")];
+    kit.membership.create_group(&GroupId::parse("team").expect("valid"), &members, 0).await.expect("create group");
+    let (_, alice_phone) = kit.connect("alice", "phone").await;
+    let (_, alice_laptop) = kit.connect("alice", "laptop").await;
+    let (_, bob_phone) = kit.connect("bob", "phone").await;
+    let (_, carol_phone) = kit.connect("carol", "phone").await;
+    let (_, carol_tablet) = kit.connect("carol", "tablet").await;
+    let (_, erin_phone) = kit.connect("erin", "phone").await;
+    let before = routes.lookups().len();
+
+    kit.delivery.fan_out(message("grp:team", 3, "alice", "phone")).await;
+
+    for outbox in [&alice_laptop, &bob_phone, &carol_phone, &carol_tablet] {
+        assert_eq!(outbox.delivered_seqs(), vec![("grp:team".to_owned(), 3)]);
+    }
+    assert!(alice_phone.frames().is_empty(), "the sending device has it already");
+    assert!(erin_phone.frames().is_empty(), "not a member");
+    let lookups = routes.lookups().split_off(before);
+    assert_eq!(lookups.len(), 1, "one route lookup for every member: {lookups:?}");
+    let looked_up: BTreeSet<&UserId> = lookups[0].iter().collect();
+    assert_eq!(looked_up, members.iter().collect(), "every member, dave (offline) included");
+}
+
+#[tokio::test]
+async fn devices_on_other_nodes_are_reached_through_the_bus_with_exactly_their_users() {
+    let bus = Arc::new(RecordingBus::default());
+    let kit = Kit::with(Options { bus: Arc::clone(&bus) as _, ..Options::default() }).await;
+    let (two, three) = (NodeId(THIS_NODE.0 + 1), NodeId(THIS_NODE.0 + 2));
+    let members = ["alice", "bob", "carol", "dave", "erin"].map(user_id);
+    kit.membership.create_group(&GroupId::parse("team").expect("valid"), &members, 0).await.expect("create group");
+    let (_, bob_phone) = kit.connect("bob", "phone").await;
+    connected_elsewhere(&kit, "bob", "tablet", two).await;
+    connected_elsewhere(&kit, "carol", "laptop", two).await;
+    connected_elsewhere(&kit, "dave", "phone", three).await;
+    connected_elsewhere(&kit, "alice", "laptop", three).await;
+    connected_elsewhere(&kit, "frank", "phone", three).await; // not a member
+
+    kit.delivery.fan_out(message("grp:team", 9, "alice", "phone")).await;
+
+    let expected: BTreeMap<NodeId, Vec<String>> =
+        [(two, vec!["bob".to_owned(), "carol".to_owned()]), (three, vec!["alice".to_owned(), "dave".to_owned()])]
+            .into_iter()
+            .collect();
+    let calls = bus.calls();
+    assert_eq!(delivered_by_node(&calls, 9), expected, "{calls:?}");
+    assert_eq!(calls.len(), 2, "nothing else asked of other nodes: {calls:?}");
+    assert_eq!(bob_phone.delivered_seqs(), vec![("grp:team".to_owned(), 9)], "this node's device, pushed here");
+}
+
+/// A user with two devices on one other node is named once in that node's `deliver`: the
+/// receiving node pushes to every device of each user it is given, and a session that is
+/// live and past its backfill takes every offer, so a user named twice gets it twice.
+#[tokio::test]
+async fn a_user_with_two_devices_on_another_node_is_named_once() {
+    let bus = Arc::new(RecordingBus::default());
+    let kit = Kit::with(Options { bus: Arc::clone(&bus) as _, ..Options::default() }).await;
+    let two = NodeId(THIS_NODE.0 + 1);
+    connected_elsewhere(&kit, "bob", "phone", two).await;
+    connected_elsewhere(&kit, "bob", "tablet", two).await;
+
+    kit.delivery.fan_out(message("dm:alice:bob", 1, "alice", "phone")).await;
+
+    let expected: BTreeMap<NodeId, Vec<String>> = [(two, vec!["bob".to_owned()])].into_iter().collect();
+    assert_eq!(delivered_by_node(&bus.calls(), 1), expected);
+}
+
+#[tokio::test]
+async fn a_room_message_reaches_this_nodes_subscribers_and_the_nodes_the_directory_lists() {
+    let bus = Arc::new(RecordingBus::default());
+    let routes = Arc::new(CountingRoutes::default());
+    let kit =
+        Kit::with(Options { bus: Arc::clone(&bus) as _, routes: Arc::clone(&routes) as _, ..Options::default() }).await;
+    let room = conversation_id("room:lobby");
+    let (two, three) = (NodeId(THIS_NODE.0 + 1), NodeId(THIS_NODE.0 + 2));
+    let (alice, alice_phone) = kit.connect("alice", "phone").await;
+    let (bob, bob_phone) = kit.connect("bob", "phone").await;
+    let (carol, carol_phone) = kit.connect("carol", "phone").await;
+    let (_, dave_phone) = kit.connect("dave", "phone").await; // not subscribed
+    for session in [&alice, &bob, &carol] {
+        kit.rooms.subscribe(&room, session.id);
+    }
+    for node in [THIS_NODE, two, three] {
+        kit.room_directory.joined(&room, node).await.expect("join");
+    }
+    let before = routes.lookups().len();
+
+    let sent = message("room:lobby", 4, "alice", "phone");
+    kit.delivery.fan_out(Arc::clone(&sent)).await;
+
+    for outbox in [&bob_phone, &carol_phone] {
+        assert_eq!(outbox.delivered_seqs(), vec![("room:lobby".to_owned(), 4)]);
+    }
+    assert!(alice_phone.frames().is_empty(), "the sending device has it already");
+    assert!(dave_phone.frames().is_empty(), "not subscribed");
+    let calls = bus.calls();
+    let [BusCall::PublishRoom { nodes, message }] = calls.as_slice() else {
+        panic!("one publish_room expected, got {calls:?}")
+    };
+    let nodes: BTreeSet<NodeId> = nodes.iter().copied().collect();
+    assert_eq!(nodes, [two, three].into_iter().collect(), "the other nodes with subscribers, not this one");
+    assert_eq!(message.id, sent.id);
+    assert_eq!(routes.lookups().len(), before, "rooms go by subscription, not by route");
+}
+
+#[tokio::test]
+async fn a_parked_session_notes_the_message_as_owed_instead_of_pushing_it() {
+    let kit = Kit::new().await;
+    let (bob, bob_phone) = kit.connect("bob", "phone").await;
+    let (_, bob_tablet) = kit.connect("bob", "tablet").await;
+    kit.drop_within_grace(&bob).await;
+
+    kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
+
+    assert!(bob_phone.frames().is_empty(), "a parked session is pushed nothing");
+    assert_eq!(bob_tablet.delivered_seqs(), vec![("dm:alice:bob".to_owned(), 5)], "the connected device is");
+    // The device comes back: what it is owed is exactly that message's conversation, from
+    // its seq on.
+    let back = kit.attach("bob", "phone", RecordingOutbox::new()).await;
+    let parked = kit.sessions.unpark(&bob.user, &bob.device).expect("still parked");
+    assert!(back.resume_from(&parked));
+    let owed = back.take_resume().expect("resumed");
+    assert_eq!(owed, [(conversation_id("dm:alice:bob"), 4)].into_iter().collect(), "read after seq 4");
+}

@@ -1,0 +1,87 @@
+//! The sessions of this node: open ones by connection id, dropped ones parked by user.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use dashmap::DashMap;
+
+use super::session::Session;
+use crate::model::{ConnectionId, DeviceId, UserId};
+
+/// The sessions of this node's connections, by id, and the dropped ones parked for their
+/// device's return (by user).
+#[derive(Default)]
+pub struct Sessions {
+    by_id: DashMap<ConnectionId, Arc<Session>>,
+    parked: DashMap<UserId, Vec<Arc<Session>>>,
+    /// How many are parked (so fan-out skips the lookup when none is).
+    parked_count: AtomicUsize,
+}
+
+impl Sessions {
+    pub fn insert(&self, connection: Arc<Session>) {
+        self.by_id.insert(connection.id, connection);
+    }
+
+    pub fn remove(&self, id: ConnectionId) {
+        self.by_id.remove(&id);
+    }
+
+    pub fn get(&self, id: ConnectionId) -> Option<Arc<Session>> {
+        self.by_id.get(&id).map(|c| Arc::clone(&c))
+    }
+
+    /// How many are open.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether none is open.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Keeps a dropped connection (already [`Session::park`]ed) for its device's return.
+    pub fn park(&self, connection: Arc<Session>) {
+        self.parked.entry(connection.user.clone()).or_default().push(connection);
+        self.parked_count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Takes the parked connection of `user`'s `device`, if there is one.
+    pub fn unpark(&self, user: &UserId, device: &DeviceId) -> Option<Arc<Session>> {
+        self.take_parked(user, |parked| parked.device == *device)
+    }
+
+    /// Forgets `connection` if it is still parked (its grace period is over); returns
+    /// whether it was.
+    pub fn expire(&self, connection: &Arc<Session>) -> bool {
+        self.take_parked(&connection.user, |parked| Arc::ptr_eq(parked, connection)).is_some()
+    }
+
+    fn take_parked(&self, user: &UserId, which: impl Fn(&Arc<Session>) -> bool) -> Option<Arc<Session>> {
+        let mut devices = self.parked.get_mut(user)?;
+        let taken = devices.iter().position(which).map(|at| devices.swap_remove(at));
+        let now_empty = devices.is_empty();
+        drop(devices);
+        if now_empty {
+            self.parked.remove_if(user, |_, devices| devices.is_empty());
+        }
+        if taken.is_some() {
+            self.parked_count.fetch_sub(1, Ordering::SeqCst);
+        }
+        taken
+    }
+
+    /// The parked connections of `user` (fan-out notes what they are owed).
+    pub fn parked_of(&self, user: &UserId) -> Vec<Arc<Session>> {
+        if self.parked_count.load(Ordering::SeqCst) == 0 {
+            return Vec::new();
+        }
+        self.parked.get(user).map(|devices| devices.clone()).unwrap_or_default()
+    }
+
+    /// How many are parked.
+    pub fn parked_len(&self) -> usize {
+        self.parked_count.load(Ordering::SeqCst)
+    }
+}

@@ -1,0 +1,165 @@
+//! The reader side of a connection: decoding frames and handing each to its part.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::SplitStream;
+use herald_proto::v1::{self, Frame, frame::Body};
+use herald_proto::{DecodeLimits, Encoding, decode_frame};
+
+use super::connection::{CloseReason, Connection, close};
+use super::{Client, Gateway};
+use crate::model::ConversationId;
+
+use crate::pipeline::Admission;
+use crate::routing::bus::{Origin, SendAck, SendRequest};
+
+/// Reads and dispatches frames until the connection should close; returns why.
+pub(super) async fn read_loop(
+    gateway: &Arc<Gateway>,
+    client: &Client,
+    stream: &mut SplitStream<WebSocket>,
+    limits: &DecodeLimits,
+) -> CloseReason {
+    let silence = Duration::from_millis(gateway.config.heartbeat_ms.saturating_mul(3));
+    loop {
+        let frame = tokio::select! {
+            next = tokio::time::timeout(silence, next_frame(stream, limits)) => match next {
+                Err(_) => return CloseReason::new(close::NORMAL, "no traffic for 3 heartbeat intervals"),
+                Ok(Ok(frame)) => frame,
+                Ok(Err(Some(why))) => return why,
+                Ok(Err(None)) => return CloseReason::normal(),
+            },
+            () = client.connection.closing() => return CloseReason::normal(),
+        };
+        if let Err(why) = dispatch(gateway, client, frame).await {
+            return why;
+        }
+    }
+}
+
+/// Reads the next frame: `Err(None)` when the peer went away, `Err(Some(close))` for a
+/// frame that must close the connection.
+/// Binary messages are protobuf and text messages JSON, whichever subprotocol was chosen.
+pub(super) async fn next_frame(
+    stream: &mut SplitStream<WebSocket>,
+    limits: &DecodeLimits,
+) -> Result<Frame, Option<CloseReason>> {
+    loop {
+        let message = match stream.next().await {
+            None => return Err(None),
+            Some(Ok(message)) => message,
+            Some(Err(error)) => {
+                let text = error.to_string();
+                return Err(if text.contains("too long") || text.contains("too big") || text.contains("Space limit") {
+                    Some(CloseReason::new(
+                        close::TOO_BIG,
+                        format!("frame larger than {} bytes", limits.max_frame_bytes),
+                    ))
+                } else {
+                    None
+                });
+            }
+        };
+        let (bytes, encoding) = match message {
+            Message::Binary(bytes) => (bytes, Encoding::Proto),
+            Message::Text(text) => (Bytes::copy_from_slice(text.as_str().as_bytes()), Encoding::Json),
+            Message::Ping(_) | Message::Pong(_) => continue,
+            Message::Close(_) => return Err(None),
+        };
+        return decode_frame(bytes, encoding, limits)
+            .map_err(|error| Some(CloseReason::new(error.close_code(), error.to_string())));
+    }
+}
+
+fn error_frame(rid: u32, code: &str, message: String) -> Frame {
+    Frame::new(rid, v1::Error { code: code.to_owned(), message, rid })
+}
+
+fn ack_frame(ack: SendAck) -> Frame {
+    Frame::new(ack.rid, ack.ack)
+}
+
+/// Handles one frame from an authenticated client.
+async fn dispatch(gateway: &Arc<Gateway>, client: &Client, frame: Frame) -> Result<(), CloseReason> {
+    let rid = frame.rid;
+    let Some(body) = frame.body else { return Err(CloseReason::new(close::PROTOCOL_ERROR, "frame without a body")) };
+    let (connection, session) = (&client.connection, &client.session);
+    match body {
+        Body::Send(send) => {
+            let origin = Origin {
+                user: session.user.clone(),
+                device: session.device.clone(),
+                node: gateway.this_node(),
+                connection: connection.id,
+            };
+            match gateway.pipeline.admit(SendRequest { origin, rid, send }).await {
+                Admission::Done(ack) => _ = connection.push(ack_frame(ack)),
+                Admission::Wait(rest) => _ = tokio::spawn(answer_when_settled(Arc::clone(connection), rest)),
+            }
+        }
+        Body::DeliverAck(ack) => match ConversationId::parse(&ack.conversation) {
+            Ok(conversation) => gateway.delivery.ack(session, &conversation, ack.seq).await,
+            Err(error) => _ = connection.push(error_frame(rid, "invalid", error.to_string())),
+        },
+        Body::Sync(sync) => {
+            let (delivery, connection, session) =
+                (Arc::clone(&gateway.delivery), Arc::clone(connection), Arc::clone(session));
+            tokio::spawn(async move {
+                let reply = match delivery.sync(&session, sync).await {
+                    Ok(reply) => Frame::new(rid, reply),
+                    Err(error) => error_frame(rid, error.code(), error.to_string()),
+                };
+                connection.push(reply);
+            });
+        }
+        Body::History(history) => {
+            let (delivery, connection, user) =
+                (Arc::clone(&gateway.delivery), Arc::clone(connection), session.user.clone());
+            tokio::spawn(async move {
+                let reply = match delivery.history(&user, history).await {
+                    Ok(reply) => Frame::new(rid, reply),
+                    Err(error) => error_frame(rid, error.code(), error.to_string()),
+                };
+                connection.push(reply);
+            });
+        }
+        // In order with the sends that follow: a send right after subscribe must pass.
+        Body::Subscribe(subscribe) => {
+            let reply = match gateway.delivery.subscribe(session, subscribe).await {
+                Ok(reply) => Frame::new(rid, reply),
+                Err(error) => error_frame(rid, error.code(), error.to_string()),
+            };
+            connection.push(reply);
+        }
+        Body::Unsubscribe(unsubscribe) => {
+            if let Err(error) = gateway.delivery.unsubscribe(session, &unsubscribe).await {
+                connection.push(error_frame(rid, error.code(), error.to_string()));
+            }
+        }
+        Body::Ping(ping) => _ = connection.push(Frame::new(rid, v1::Pong { time_ms: ping.time_ms })),
+        Body::Pong(_) => {}
+        other => {
+            return Err(CloseReason::new(
+                close::PROTOCOL_ERROR,
+                format!("{} is not a frame a client sends here", other.name()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes a queued send's ack once it is settled, then runs its fan-out.
+async fn answer_when_settled(
+    connection: Arc<Connection>,
+    rest: std::pin::Pin<Box<dyn Future<Output = crate::pipeline::Settled> + Send>>,
+) {
+    let settled = rest.await;
+    connection.push(ack_frame(settled.ack));
+    if let Some(fan_out) = settled.fan_out {
+        fan_out.await;
+    }
+}

@@ -1,0 +1,85 @@
+//! The writer side of a connection: the only task that writes to its socket.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use futures_util::SinkExt;
+use futures_util::stream::SplitSink;
+use herald_proto::v1::{self, Frame};
+use herald_proto::{Encoding, encode_frame};
+use tokio::sync::mpsc;
+
+use super::connection::{CloseReason, Connection};
+use crate::clock::WallClock;
+
+/// Writes queued frames, pings every `heartbeat`, and finally the close frame.
+pub(super) async fn write_loop(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut queued: mpsc::Receiver<Frame>,
+    connection: Arc<Connection>,
+    heartbeat: Duration,
+    encoding: Encoding,
+    clock: Arc<dyn WallClock>,
+) {
+    /// Tells the connection its writer stopped, however the loop ends.
+    struct Stopped<'a>(&'a Connection);
+    impl Drop for Stopped<'_> {
+        fn drop(&mut self) {
+            self.0.writer_stopped();
+        }
+    }
+    let _stopped = Stopped(&connection);
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
+    loop {
+        let outgoing = tokio::select! {
+            biased;
+            why = connection.close_requested() => {
+                if let Some(message) = connection.take_farewell().and_then(|frame| to_message(&frame, encoding)) {
+                    let _ = sink.send(message).await;
+                }
+                let _ = sink.send(close_message(&why)).await;
+                let _ = sink.close().await;
+                return;
+            }
+            frame = queued.recv() => match frame {
+                Some(frame) => frame,
+                None => return,
+            },
+            _ = ping.tick() => Frame::new(0, v1::Ping { time_ms: clock.now_ms() }),
+        };
+        let Some(message) = to_message(&outgoing, encoding) else { continue };
+        if sink.send(message).await.is_err() {
+            connection.close(CloseReason::normal());
+            return;
+        }
+    }
+}
+
+/// `frame` as a WebSocket message in the connection's encoding (`None`, logged, if it
+/// cannot be encoded).
+fn to_message(frame: &Frame, encoding: Encoding) -> Option<Message> {
+    match encode_frame(frame, encoding) {
+        Ok(bytes) if encoding == Encoding::Json => String::from_utf8(bytes).ok().map(|text| Message::Text(text.into())),
+        Ok(bytes) => Some(Message::Binary(bytes.into())),
+        Err(error) => {
+            tracing::error!(%error, "a frame could not be encoded");
+            None
+        }
+    }
+}
+
+/// Closes a connection that never became a client (a refused handshake).
+pub(super) async fn close_now(sink: &mut SplitSink<WebSocket, Message>, why: CloseReason) {
+    let _ = sink.send(close_message(&why)).await;
+    let _ = sink.close().await;
+}
+
+/// A close frame; the reason is cut to fit a control frame (125 bytes, 2 of them the code).
+fn close_message(why: &CloseReason) -> Message {
+    let mut end = why.reason.len().min(123);
+    while !why.reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    Message::Close(Some(CloseFrame { code: why.code, reason: why.reason[..end].into() }))
+}

@@ -1,0 +1,122 @@
+//! Announcements from game servers (`POST /v1/rooms/{name}/announcements`), once the
+//! announce-policy hook accepted them: stored in the room (archived) or pushed only.
+
+use std::sync::Arc;
+
+use super::dedup::{Mark, Outcome};
+use super::{Pipeline, SendError};
+use crate::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
+
+/// Application `kind` of announcements stored as room messages.
+pub const ANNOUNCEMENT_KIND: u32 = 0;
+
+/// The device an announcement is sent from.
+const API_DEVICE: &str = "api";
+
+/// What storing an announcement did.
+#[derive(Debug, Clone, Copy)]
+pub struct Announced {
+    pub message_id: u64,
+    /// 0 when not archived (not in history).
+    pub seq: u64,
+    pub archived: bool,
+    /// The same announcement id was stored before; these are the original ids.
+    pub duplicate: bool,
+}
+
+impl Announced {
+    fn stored(outcome: &Outcome, duplicate: bool) -> Self {
+        Self { message_id: outcome.message_id, seq: outcome.seq, archived: true, duplicate }
+    }
+}
+
+impl Pipeline {
+    /// Stores an accepted announcement in `room` (archived) or pushes it to the room's
+    /// subscribers only (not archived). An `announcement_id` is stored once: repeating it
+    /// answers with the original ids.
+    ///
+    /// # Errors
+    /// [`SendError`] saying why nothing was stored; the caller may retry.
+    pub async fn announce(
+        self: &Arc<Self>,
+        room: &ConversationId,
+        sender: &UserId,
+        announcement_id: Option<&str>,
+        body: Vec<u8>,
+        archive: bool,
+    ) -> Result<Announced, SendError> {
+        let message = Message {
+            id: 0,
+            conversation: room.clone(),
+            seq: 0,
+            sender: sender.clone(),
+            sender_device: DeviceId::parse(API_DEVICE)?,
+            client_msg_id: announcement_client_id(room, announcement_id),
+            kind: ANNOUNCEMENT_KIND,
+            body: body.into(),
+            sent_at_ms: self.clock.now_ms(),
+        };
+        if !archive {
+            let message = Message { id: self.ids.next_id(), ..message };
+            let message_id = message.id;
+            self.delivery.fan_out(Arc::new(message)).await;
+            return Ok(Announced { message_id, seq: 0, archived: false, duplicate: false });
+        }
+        match self.dedup.try_mark(sender, &message.client_msg_id).await {
+            Mark::Fresh => {}
+            Mark::Stored(original) => return Ok(Announced::stored(&original, true)),
+            Mark::InFlight(original) => return original.await.map(|original| Announced::stored(&original, true)),
+        }
+        let lane = self.lanes.get(room);
+        let client_msg_id = message.client_msg_id.clone();
+        let (message, ticket) = match self.enqueue(&lane, message).await {
+            Ok(queued) => queued,
+            Err(error) => {
+                self.dedup.cancel(sender, &client_msg_id).await;
+                return Err(error);
+            }
+        };
+        let settled = self.settle(&lane, &message, ticket.wait().await).await;
+        self.release(&lane).await;
+        let (status, outcome) = settled?;
+        Ok(Announced::stored(&outcome, status == herald_proto::v1::send_ack::Status::Duplicate))
+    }
+}
+
+/// The `client_msg_id` of an announcement: derived from (room, announcement_id), so the
+/// same announcement id is stored once whatever the retries; random when none was given.
+fn announcement_client_id(room: &ConversationId, announcement_id: Option<&str>) -> ClientMsgId {
+    let bits: u128 = match announcement_id {
+        Some(id) => {
+            // FNV-1a, twice with different offsets: stable across versions and restarts.
+            let fnv = |offset: u64| {
+                room.as_str()
+                    .bytes()
+                    .chain([0])
+                    .chain(id.bytes())
+                    .fold(offset, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3))
+            };
+            (u128::from(fnv(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(fnv(0x6c62_272e_07bb_0142))
+        }
+        None => rand::random(),
+    };
+    let hex = format!("{bits:032x}");
+    let text = format!("{}-{}-8{}-8{}-{}", &hex[0..8], &hex[8..12], &hex[13..16], &hex[17..20], &hex[20..32]);
+    ClientMsgId::parse(&text).expect("32 hex digits in 8-4-4-4-12 groups are a UUID")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_announcement_id_always_gives_the_same_client_msg_id_and_none_a_fresh_one() {
+        let lobby = ConversationId::parse("room:lobby").expect("valid");
+        let arena = ConversationId::parse("room:arena").expect("valid");
+        let once = announcement_client_id(&lobby, Some("a1"));
+        assert_eq!(once, announcement_client_id(&lobby, Some("a1")));
+        assert_ne!(once, announcement_client_id(&arena, Some("a1")), "per room");
+        assert_ne!(once, announcement_client_id(&lobby, Some("a2")));
+        assert_ne!(announcement_client_id(&lobby, None), announcement_client_id(&lobby, None));
+    }
+}

@@ -1,0 +1,94 @@
+//! Node-to-node traffic: what one node asks of another.
+//!
+//! A send is processed on the node owning its conversation, a message is pushed by the node
+//! holding its device's connection, and a room message reaches every node with subscribers.
+//! The pipeline and delivery ask the [`NodeBus`] for each of these and never learn how it is
+//! carried. Embedded mode is a cluster of one: [`LocalBus`] has no other node to reach, so a
+//! call naming another node fails with [`BusError::Unreachable`] (in embedded mode the ring
+//! and the route table never name one).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use herald_proto::v1;
+
+use super::Route;
+use crate::model::{ConnectionId, ConversationId, DeviceId, Message, NodeId, UserId};
+
+/// Where a send came from, and so where its ack must go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub user: UserId,
+    pub device: DeviceId,
+    /// The node holding the sender's connection.
+    pub node: NodeId,
+    pub connection: ConnectionId,
+}
+
+/// A `send` frame with who sent it: the pipeline's input, on whichever node owns it.
+#[derive(Debug, Clone)]
+pub struct SendRequest {
+    pub origin: Origin,
+    /// The frame's request id, echoed on the ack.
+    pub rid: u32,
+    pub send: v1::Send,
+}
+
+/// The answer to a [`SendRequest`], addressed to its origin.
+#[derive(Debug, Clone)]
+pub struct SendAck {
+    pub to: Origin,
+    pub rid: u32,
+    pub ack: v1::SendAck,
+}
+
+/// Another node could not be asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BusError {
+    #[error("node {0} is not reachable from here")]
+    Unreachable(NodeId),
+    #[error("node {node} did not answer: {reason}")]
+    Failed { node: NodeId, reason: String },
+}
+
+/// What a node asks of the others.
+#[async_trait]
+pub trait NodeBus: Send + Sync + 'static {
+    /// Has `owner` process `request`; returns its ack.
+    async fn forward_send(&self, owner: NodeId, request: SendRequest) -> Result<SendAck, BusError>;
+    /// Has `node` push `message` to the devices of `users` connected there.
+    async fn deliver(&self, node: NodeId, message: Arc<Message>, users: Vec<UserId>) -> Result<(), BusError>;
+    /// Has each of `nodes` push a room message to its subscribers of the room.
+    async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), BusError>;
+    /// Has the node holding `route` close that connection (its device connected again).
+    async fn kick(&self, route: &Route) -> Result<(), BusError>;
+    /// Asks `owner` for the lowest seq of `conversation` it has taken and not yet settled.
+    async fn lowest_in_flight(&self, owner: NodeId, conversation: &ConversationId) -> Result<Option<u64>, BusError>;
+}
+
+/// Embedded mode's bus: a cluster of one node, with no other to reach.
+#[derive(Debug, Default)]
+pub struct LocalBus;
+
+#[async_trait]
+impl NodeBus for LocalBus {
+    async fn forward_send(&self, owner: NodeId, _request: SendRequest) -> Result<SendAck, BusError> {
+        Err(BusError::Unreachable(owner))
+    }
+
+    async fn deliver(&self, node: NodeId, _message: Arc<Message>, _users: Vec<UserId>) -> Result<(), BusError> {
+        Err(BusError::Unreachable(node))
+    }
+
+    async fn publish_room(&self, nodes: &[NodeId], _message: Arc<Message>) -> Result<(), BusError> {
+        nodes.first().map_or(Ok(()), |&node| Err(BusError::Unreachable(node)))
+    }
+
+    async fn kick(&self, route: &Route) -> Result<(), BusError> {
+        Err(BusError::Unreachable(route.node))
+    }
+
+    async fn lowest_in_flight(&self, owner: NodeId, _conversation: &ConversationId) -> Result<Option<u64>, BusError> {
+        Err(BusError::Unreachable(owner))
+    }
+}

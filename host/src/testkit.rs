@@ -1,0 +1,474 @@
+//! A node's uplink and downlink assembled from real parts, for the unit tests of the
+//! pipeline and of delivery.
+//!
+//! [`Kit`] wires what `node.rs` wires in embedded mode — storage on a temporary SQLite file
+//! behind the group committer, the seq allocator, dedup marks, lanes, membership, the
+//! in-process route table, rooms, room directory and sessions, a router over a
+//! [`StaticTopology`], the plugin host with no plugins — leaving out only the edges (the
+//! gateway, HTTP) and the background loops. A test may hand in its own route table, node bus
+//! or ring ([`Options`]): those are the seams the pipeline and delivery are tested through.
+//!
+//! Beside it: [`RecordingOutbox`], an [`Outbox`] that keeps every frame it is given (what a
+//! device would have been sent); [`RecordingBus`], a [`NodeBus`] that keeps every send,
+//! delivery and room message it is given (what other nodes would have been asked); and
+//! [`ReadLog`], which passes message reads through to the database and notes which
+//! conversations were read.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald_proto::v1::{self, Frame, frame::Body};
+
+use crate::clock::SystemClock;
+use crate::config::{DeliveryConfig, SeqConfig, StorageConfig};
+use crate::delivery::session::{Outbox, Session};
+use crate::delivery::sessions::Sessions;
+use crate::delivery::{Delivery, DeliveryStores, Reach};
+use crate::health::Vitals;
+use crate::ids::{SeqAllocator, SnowflakeGenerator};
+use crate::membership::Membership;
+use crate::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, Message, NodeId, UserId};
+use crate::pipeline::dedup::LocalDedup;
+use crate::pipeline::lanes::{Lanes, OwnerFrontier};
+use crate::pipeline::{Admission, Pipeline, PipelineParts};
+use crate::plugins::{PluginHost, PluginHostConfig};
+use crate::routing::bus::{BusError, LocalBus, NodeBus, Origin, SendAck, SendRequest};
+use crate::routing::rooms::{MemoryRoomDirectory, Rooms};
+use crate::routing::router::Router;
+use crate::routing::topology::StaticTopology;
+use crate::routing::{MemoryRouteTable, Route, RouteTable};
+use crate::store::{Database, GroupCommitter, MessageStore, StoreError};
+
+/// The node the kit plays.
+pub const THIS_NODE: NodeId = NodeId(1);
+
+/// How long any one step of a test may take before it counts as hung.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// What a test may swap in; the rest is always the embedded implementation.
+pub struct Options {
+    /// Where connected devices are (a counting wrapper, say).
+    pub routes: Arc<dyn RouteTable>,
+    /// How other nodes are reached.
+    pub bus: Arc<dyn NodeBus>,
+    /// The nodes on the ring; a ring without [`THIS_NODE`] makes another node own everything.
+    pub ring: Vec<NodeId>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { routes: Arc::new(MemoryRouteTable::default()), bus: Arc::new(LocalBus), ring: vec![THIS_NODE] }
+    }
+}
+
+/// The parts of one node, on a temporary SQLite file.
+pub struct Kit {
+    pub database: Database,
+    pub topology: Arc<StaticTopology>,
+    pub routes: Arc<dyn RouteTable>,
+    pub rooms: Arc<Rooms>,
+    pub room_directory: Arc<MemoryRoomDirectory>,
+    pub sessions: Arc<Sessions>,
+    pub membership: Arc<Membership>,
+    pub delivery: Arc<Delivery>,
+    pub pipeline: Arc<Pipeline>,
+    /// Every `messages_after` delivery made, in order.
+    pub reads: Arc<ReadLog>,
+    next_connection: AtomicU64,
+    /// Holds the database file; removed when the kit is dropped.
+    _dir: tempfile::TempDir,
+}
+
+impl Kit {
+    /// A node of its own ring, with the in-process route table and bus.
+    pub async fn new() -> Self {
+        Self::with(Options::default()).await
+    }
+
+    /// A node with the route table, bus and ring of `options`.
+    pub async fn with(options: Options) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary folder for the database");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("herald.db").display());
+        let storage = StorageConfig::default();
+        let database = Database::connect(&url, &storage).await.expect("open the SQLite file");
+        database.migrate().await.expect("migrate");
+        let committer = GroupCommitter::start(database.clone(), &storage.group_commit);
+        // No plugins, so no instance is ever made: skip reserving a pool of them.
+        let plugins = Arc::new(
+            PluginHost::embedded(PluginHostConfig { pooling: false, ..PluginHostConfig::default() })
+                .expect("the plugin host"),
+        );
+        let topology = Arc::new(StaticTopology::new(&options.ring));
+        let router = Arc::new(Router::new(Arc::clone(&plugins), Arc::clone(&topology) as _, THIS_NODE));
+        let rooms = Arc::new(Rooms::default());
+        let room_directory = Arc::new(MemoryRoomDirectory::default());
+        let sessions = Arc::new(Sessions::default());
+        let membership = Arc::new(Membership::new(Arc::new(database.clone()), Arc::clone(&rooms)));
+        let vitals = Arc::new(Vitals::default());
+        let lanes = Arc::new(Lanes::default());
+        let reads = Arc::new(ReadLog { database: database.clone(), reads: Mutex::default() });
+        let reach = Reach {
+            this_node: THIS_NODE,
+            sessions: Arc::clone(&sessions),
+            rooms: Arc::clone(&rooms),
+            routes: Arc::clone(&options.routes),
+            room_directory: Arc::clone(&room_directory) as _,
+            bus: Arc::clone(&options.bus),
+        };
+        let stores = DeliveryStores {
+            messages: Arc::clone(&reads) as _,
+            cursors: Arc::new(database.clone()),
+            conversations: Arc::new(database.clone()),
+            groups: Arc::new(database.clone()),
+        };
+        let frontier =
+            OwnerFrontier { lanes: Arc::clone(&lanes), router: Arc::clone(&router), bus: Arc::clone(&options.bus) };
+        let delivery = Arc::new(Delivery::new(
+            // One push per message and device: what a test sees is what fan-out or backfill
+            // pushed, never a redelivery that a slow run let through.
+            DeliveryConfig { max_attempts: 1, ..DeliveryConfig::default() },
+            reach,
+            Arc::clone(&membership),
+            stores,
+            Arc::new(frontier),
+            Arc::clone(&vitals),
+        ));
+        let pipeline = Arc::new(Pipeline::new(PipelineParts {
+            writer: Arc::new(committer.clone()),
+            conversations: Arc::new(database.clone()),
+            seqs: Arc::new(SeqAllocator::new(Arc::new(database.clone()), SeqConfig::default())),
+            ids: Arc::new(SnowflakeGenerator::new(THIS_NODE.0).expect("node id in range")),
+            dedup: Arc::new(LocalDedup::new(Duration::from_secs(600), 10_000)),
+            lanes,
+            membership: Arc::clone(&membership),
+            delivery: Arc::clone(&delivery),
+            router,
+            bus: options.bus,
+            clock: Arc::new(SystemClock),
+            plugins,
+            vitals,
+            known_direct_idle: Duration::ZERO,
+        }));
+        Self {
+            database,
+            topology,
+            routes: options.routes,
+            rooms,
+            room_directory,
+            sessions,
+            membership,
+            delivery,
+            pipeline,
+            reads,
+            next_connection: AtomicU64::new(1),
+            _dir: dir,
+        }
+    }
+
+    /// A connection id not used before on this node.
+    pub fn connection_id(&self) -> ConnectionId {
+        ConnectionId(self.next_connection.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// A session of `user`'s `device` on this node whose frames go to `outbox`, registered
+    /// and logged in as the gateway's attach does, but not live: its backfill is to come.
+    pub async fn attach(&self, user: &str, device: &str, outbox: Arc<RecordingOutbox>) -> Arc<Session> {
+        let session = Arc::new(Session::new(self.connection_id(), user_id(user), device_id(device), outbox as _));
+        self.sessions.insert(Arc::clone(&session));
+        let route = Route {
+            user: session.user.clone(),
+            device: session.device.clone(),
+            node: THIS_NODE,
+            connection: session.id,
+            connected_at_ms: 0,
+        };
+        self.routes.login(route).await.expect("log the device in");
+        session
+    }
+
+    /// A session of `user`'s `device` on this node, live (as after its backfill), with an
+    /// outbox that records what it is pushed.
+    pub async fn connect(&self, user: &str, device: &str) -> (Arc<Session>, Arc<RecordingOutbox>) {
+        let outbox = RecordingOutbox::new();
+        let session = self.attach(user, device, Arc::clone(&outbox)).await;
+        session.skip_backfill();
+        (session, outbox)
+    }
+
+    /// The connection dropped within the reconnect grace: parked, route and session gone,
+    /// as the gateway's detach does.
+    pub async fn drop_within_grace(&self, session: &Arc<Session>) {
+        assert!(session.park(), "a live session whose backfill ended can be parked");
+        self.sessions.park(Arc::clone(session));
+        self.routes.logout(&session.user, &session.device, THIS_NODE, session.id).await.expect("log out");
+        self.sessions.remove(session.id);
+    }
+
+    /// Runs a send through the pipeline to the end — the ack, then the fan-out — and
+    /// returns the ack.
+    pub async fn send(&self, request: SendRequest) -> SendAck {
+        let admitted = tokio::time::timeout(WAIT, self.pipeline.admit(request)).await.expect("admit hung");
+        settle(admitted).await
+    }
+
+    /// `user`'s `device` (connection 1 of this node) sends `body` to `conversation`; returns
+    /// the ack, which must be OK.
+    pub async fn send_ok(&self, user: &str, device: &str, conversation: &str, body: &str) -> v1::SendAck {
+        let ack = self.send(request(user, device, conversation, &uuid(), body)).await.ack;
+        assert_eq!(ack.status(), v1::send_ack::Status::Ok, "{user} could not send to {conversation}: {ack:?}");
+        ack
+    }
+
+    /// Every stored message of `conversation`, ascending.
+    pub async fn stored(&self, conversation: &str) -> Vec<Message> {
+        self.database.messages_after(&conversation_id(conversation), 0, 1_000).await.expect("read messages")
+    }
+}
+
+/// Runs an admission to its end: its ack, after the fan-out has run.
+pub async fn settle(admission: Admission) -> SendAck {
+    match admission {
+        Admission::Done(ack) => ack,
+        Admission::Wait(wait) => {
+            let settled = tokio::time::timeout(WAIT, wait).await.expect("a send never settled");
+            if let Some(fan_out) = settled.fan_out {
+                tokio::time::timeout(WAIT, fan_out).await.expect("fan-out hung");
+            }
+            settled.ack
+        }
+    }
+}
+
+/// A send of `body` by `user`'s `device` through connection 1 of this node.
+pub fn request(user: &str, device: &str, conversation: &str, client_msg_id: &str, body: &str) -> SendRequest {
+    SendRequest {
+        origin: Origin { user: user_id(user), device: device_id(device), node: THIS_NODE, connection: ConnectionId(1) },
+        rid: 7,
+        send: v1::Send {
+            client_msg_id: client_msg_id.to_owned(),
+            conversation: conversation.to_owned(),
+            kind: 3,
+            body: body.to_owned().into_bytes().into(),
+        },
+    }
+}
+
+/// A fresh random UUID (version 4), as clients use for `client_msg_id`.
+pub fn uuid() -> String {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+pub fn user_id(name: &str) -> UserId {
+    UserId::parse(name).expect("a valid user id")
+}
+
+pub fn device_id(name: &str) -> DeviceId {
+    DeviceId::parse(name).expect("a valid device id")
+}
+
+pub fn conversation_id(name: &str) -> ConversationId {
+    ConversationId::parse(name).expect("a valid conversation id")
+}
+
+/// A message as the pipeline would hand it to fan-out: `seq` of `conversation`, sent by
+/// `user`'s `device`.
+pub fn message(conversation: &str, seq: u64, user: &str, device: &str) -> Arc<Message> {
+    Arc::new(Message {
+        id: 1_000 + seq,
+        conversation: conversation_id(conversation),
+        seq,
+        sender: user_id(user),
+        sender_device: device_id(device),
+        client_msg_id: ClientMsgId::parse(&uuid()).expect("a valid uuid"),
+        kind: 0,
+        body: bytes::Bytes::from_static(b"hello"),
+        sent_at_ms: 0,
+    })
+}
+
+/// An outbox that keeps every frame, as the device would receive them.
+#[derive(Default)]
+pub struct RecordingOutbox {
+    frames: Mutex<Vec<Frame>>,
+    closed: AtomicBool,
+    /// Takes this many frames, then closes (a device that went away).
+    room: Option<usize>,
+}
+
+impl RecordingOutbox {
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// An outbox that takes `frames` frames and then closes, refusing the rest.
+    pub fn closing_after(frames: usize) -> Arc<Self> {
+        Arc::new(Self { room: Some(frames), ..Self::default() })
+    }
+
+    /// Every frame taken, in order.
+    pub fn frames(&self) -> Vec<Frame> {
+        self.frames.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The messages of the `deliver` frames taken, in order.
+    pub fn delivered(&self) -> Vec<v1::Message> {
+        self.frames()
+            .into_iter()
+            .filter_map(|frame| match frame.body {
+                Some(Body::Deliver(deliver)) => deliver.message,
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// (conversation, seq) of each `deliver` frame taken, in order.
+    pub fn delivered_seqs(&self) -> Vec<(String, u64)> {
+        self.delivered().into_iter().map(|message| (message.conversation, message.seq)).collect()
+    }
+
+    fn take(&self, frame: Frame) -> bool {
+        if self.closed.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut frames = self.frames.lock().unwrap_or_else(|p| p.into_inner());
+        frames.push(frame);
+        if self.room.is_some_and(|room| frames.len() >= room) {
+            self.closed.store(true, Ordering::SeqCst);
+        }
+        true
+    }
+}
+
+#[async_trait]
+impl Outbox for RecordingOutbox {
+    fn push(&self, frame: Frame) -> bool {
+        self.take(frame)
+    }
+
+    async fn push_waiting(&self, frame: Frame) -> bool {
+        self.take(frame)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+}
+
+/// One call a node made to another.
+#[derive(Debug, Clone)]
+pub enum BusCall {
+    ForwardSend { owner: NodeId, request: SendRequest },
+    Deliver { node: NodeId, message: Arc<Message>, users: Vec<UserId> },
+    PublishRoom { nodes: Vec<NodeId>, message: Arc<Message> },
+}
+
+/// A node bus that records the sends, deliveries and room messages it is given; a forwarded
+/// send is answered by [`RecordingBus::answer`], as if the owner had stored it.
+#[derive(Default)]
+pub struct RecordingBus {
+    calls: Mutex<Vec<BusCall>>,
+}
+
+impl RecordingBus {
+    /// Every call, in order.
+    pub fn calls(&self) -> Vec<BusCall> {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn record(&self, call: BusCall) {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(call);
+    }
+
+    /// What the owner answers a forwarded send with: stored, with ids no local send gets.
+    pub fn answer(request: &SendRequest) -> SendAck {
+        SendAck {
+            to: request.origin.clone(),
+            rid: request.rid,
+            ack: v1::SendAck {
+                client_msg_id: request.send.client_msg_id.clone(),
+                status: v1::send_ack::Status::Ok as i32,
+                message_id: u64::MAX - 1,
+                seq: 4_242,
+                conversation: request.send.conversation.clone(),
+                ..v1::SendAck::default()
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl NodeBus for RecordingBus {
+    async fn forward_send(&self, owner: NodeId, request: SendRequest) -> Result<SendAck, BusError> {
+        let answer = Self::answer(&request);
+        self.record(BusCall::ForwardSend { owner, request });
+        Ok(answer)
+    }
+
+    async fn deliver(&self, node: NodeId, message: Arc<Message>, users: Vec<UserId>) -> Result<(), BusError> {
+        self.record(BusCall::Deliver { node, message, users });
+        Ok(())
+    }
+
+    async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), BusError> {
+        self.record(BusCall::PublishRoom { nodes: nodes.to_vec(), message });
+        Ok(())
+    }
+
+    async fn kick(&self, route: &Route) -> Result<(), BusError> {
+        Err(BusError::Unreachable(route.node))
+    }
+
+    async fn lowest_in_flight(&self, owner: NodeId, _conversation: &ConversationId) -> Result<Option<u64>, BusError> {
+        Err(BusError::Unreachable(owner))
+    }
+}
+
+/// Message reads, passed through to the database, with each `messages_after` noted.
+pub struct ReadLog {
+    database: Database,
+    reads: Mutex<Vec<(ConversationId, u64)>>,
+}
+
+impl ReadLog {
+    /// (conversation, after_seq) of each `messages_after`, in order.
+    pub fn reads(&self) -> Vec<(ConversationId, u64)> {
+        self.reads.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Forgets the reads so far.
+    pub fn clear(&self) {
+        self.reads.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+#[async_trait]
+impl MessageStore for ReadLog {
+    async fn messages_after(
+        &self,
+        conversation: &ConversationId,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<Message>, StoreError> {
+        self.reads.lock().unwrap_or_else(|p| p.into_inner()).push((conversation.clone(), after_seq));
+        self.database.messages_after(conversation, after_seq, limit).await
+    }
+
+    async fn messages_before(
+        &self,
+        conversation: &ConversationId,
+        before_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<Message>, StoreError> {
+        self.database.messages_before(conversation, before_seq, limit).await
+    }
+
+    async fn latest_seq(&self, conversation: &ConversationId) -> Result<u64, StoreError> {
+        self.database.latest_seq(conversation).await
+    }
+}
