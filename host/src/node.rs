@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::clock::{SystemClock, WallClock};
-use crate::config::Config;
+use crate::config::{Config, DeliveryConfig};
 use crate::delivery::sessions::Sessions;
 use crate::delivery::{Delivery, DeliveryStores, Reach};
 use crate::gateway::Gateway;
@@ -20,7 +20,7 @@ use crate::health::{Sampler, Tier, Vitals};
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
 use crate::membership::Membership;
 use crate::model::NodeId;
-use crate::pipeline::dedup::LocalDedup;
+use crate::pipeline::dedup::{DedupMarks, LocalDedup};
 use crate::pipeline::lanes::{Lanes, OwnerFrontier};
 use crate::pipeline::{Pipeline, PipelineParts};
 use crate::plugins::{Hook, PluginHost, Plugins, types};
@@ -29,7 +29,10 @@ use crate::routing::rooms::{MemoryRoomDirectory, RoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::StaticTopology;
 use crate::routing::{MemoryRouteTable, RouteTable};
-use crate::store::{Database, GroupCommitter, StoreError, StoreProbe};
+use crate::store::{
+    ConversationStore, CursorStore, Database, GroupCommitter, GroupStore, MessageStore, MessageWriter, StoreError,
+    StoreProbe,
+};
 
 /// Why a node could not be assembled.
 #[derive(Debug, thiserror::Error)]
@@ -79,59 +82,24 @@ impl Node {
                 .map_err(|error| NodeError::Config(format!("plugin runtime: {error}")))?,
         );
         let ids = Arc::new(SnowflakeGenerator::new(config.node_id).map_err(|e| NodeError::Config(e.to_string()))?);
-        let parts = Embedded::new(&config, &plugins.host);
-        let seqs = Arc::new(SeqAllocator::new(Arc::new(database.clone()), config.seq.clone()));
-        let membership = Arc::new(Membership::new(Arc::new(database.clone()), Arc::clone(&parts.rooms)));
-        let vitals = Arc::new(Vitals::default());
-        let lanes = Arc::new(Lanes::default());
-        let reach = Reach {
-            this_node: parts.this_node,
-            sessions: Arc::new(Sessions::default()),
-            rooms: Arc::clone(&parts.rooms),
-            routes: Arc::clone(&parts.routes),
-            room_directory: Arc::clone(&parts.room_directory),
-            bus: Arc::clone(&parts.bus),
-        };
-        let stores = DeliveryStores {
+        let seams = Seams::embedded(&config, &plugins.host);
+        let storage = Storage {
             messages: Arc::new(database.clone()),
+            writer: Arc::new(committer.clone()),
             cursors: Arc::new(database.clone()),
             conversations: Arc::new(database.clone()),
             groups: Arc::new(database.clone()),
+            seqs: Arc::new(SeqAllocator::new(Arc::new(database.clone()), config.seq.clone())),
         };
-        let frontier =
-            OwnerFrontier { lanes: Arc::clone(&lanes), router: Arc::clone(&parts.router), bus: Arc::clone(&parts.bus) };
-        let delivery = Arc::new(Delivery::new(
-            config.delivery.clone(),
-            reach,
-            Arc::clone(&membership),
-            stores,
-            Arc::new(frontier),
-            Arc::clone(&vitals),
-        ));
-        let pipeline = Arc::new(Pipeline::new(PipelineParts {
-            writer: Arc::new(committer.clone()),
-            conversations: Arc::new(database.clone()),
-            seqs: Arc::clone(&seqs),
-            ids,
-            dedup: Arc::new(LocalDedup::new(
-                Duration::from_millis(config.delivery.dedup_ttl_ms),
-                config.delivery.dedup_max_marks,
-            )),
-            lanes: Arc::clone(&lanes),
-            membership: Arc::clone(&membership),
-            delivery: Arc::clone(&delivery),
-            router: Arc::clone(&parts.router),
-            bus: Arc::clone(&parts.bus),
-            clock: Arc::clone(&parts.clock),
-            plugins: Arc::clone(&plugins.host),
-            vitals: Arc::clone(&vitals),
-            known_direct_idle: config.seq.evict_idle,
-        }));
+        let vitals = Arc::new(Vitals::default());
+        let settings = Settings { delivery: config.delivery.clone(), known_direct_idle: config.seq.evict_idle };
+        let Services { membership, delivery, pipeline, seqs, lanes } =
+            seams.services(storage, settings, ids, &plugins.host, &vitals);
         let gateway = Arc::new(Gateway::new(
             config.gateway.clone(),
             auth,
-            Arc::clone(&parts.clock),
-            Arc::clone(&parts.routes),
+            Arc::clone(&seams.clock),
+            Arc::clone(&seams.routes),
             Arc::clone(&pipeline),
             Arc::clone(&delivery),
             Arc::clone(&plugins.host),
@@ -139,13 +107,13 @@ impl Node {
         let node = Arc::new(Self {
             database,
             committer,
-            clock: parts.clock,
-            routes: parts.routes,
+            clock: seams.clock,
+            routes: seams.routes,
             gateway,
             membership,
             delivery,
             pipeline,
-            router: parts.router,
+            router: seams.router,
             plugins,
             vitals,
             stop: watch::Sender::new(false),
@@ -210,21 +178,51 @@ impl Node {
     }
 }
 
-/// The parts embedded mode keeps in this process.
-struct Embedded {
-    this_node: NodeId,
-    clock: Arc<dyn WallClock>,
-    routes: Arc<dyn RouteTable>,
-    rooms: Arc<Rooms>,
-    room_directory: Arc<dyn RoomDirectory>,
-    bus: Arc<dyn NodeBus>,
-    router: Arc<Router>,
+/// The implementations a node's services are built on: [`Seams::embedded`] for a node of
+/// its own, and the unit tests' kit picks its own the same way.
+pub(crate) struct Seams {
+    pub this_node: NodeId,
+    pub clock: Arc<dyn WallClock>,
+    pub routes: Arc<dyn RouteTable>,
+    pub rooms: Arc<Rooms>,
+    pub room_directory: Arc<dyn RoomDirectory>,
+    pub sessions: Arc<Sessions>,
+    pub dedup: Arc<dyn DedupMarks>,
+    pub bus: Arc<dyn NodeBus>,
+    pub router: Arc<Router>,
 }
 
-impl Embedded {
-    fn new(config: &Config, plugins: &Arc<PluginHost>) -> Self {
+/// Storage as the services see it.
+pub(crate) struct Storage {
+    pub messages: Arc<dyn MessageStore>,
+    pub writer: Arc<dyn MessageWriter>,
+    pub cursors: Arc<dyn CursorStore>,
+    pub conversations: Arc<dyn ConversationStore>,
+    pub groups: Arc<dyn GroupStore>,
+    pub seqs: Arc<SeqAllocator>,
+}
+
+/// The settings the services take from the config.
+pub(crate) struct Settings {
+    pub delivery: DeliveryConfig,
+    /// How long a direct conversation is remembered as recorded once idle.
+    pub known_direct_idle: Duration,
+}
+
+/// A node's services, built on its seams.
+pub(crate) struct Services {
+    pub membership: Arc<Membership>,
+    pub delivery: Arc<Delivery>,
+    pub pipeline: Arc<Pipeline>,
+    /// For the loop that forgets idle conversations.
+    pub seqs: Arc<SeqAllocator>,
+    pub lanes: Arc<Lanes>,
+}
+
+impl Seams {
+    /// Embedded mode: everything in this process, this node the whole ring.
+    fn embedded(config: &Config, plugins: &Arc<PluginHost>) -> Self {
         let this_node = NodeId(config.node_id);
-        // A cluster of one: this node is the whole ring.
         let topology = Arc::new(StaticTopology::new(&[this_node]));
         Self {
             this_node,
@@ -232,9 +230,68 @@ impl Embedded {
             routes: Arc::new(MemoryRouteTable::default()),
             rooms: Arc::new(Rooms::default()),
             room_directory: Arc::new(MemoryRoomDirectory::default()),
+            sessions: Arc::new(Sessions::default()),
+            dedup: Arc::new(LocalDedup::new(
+                Duration::from_millis(config.delivery.dedup_ttl_ms),
+                config.delivery.dedup_max_marks,
+            )),
             bus: Arc::new(LocalBus),
             router: Arc::new(Router::new(Arc::clone(plugins), topology, this_node)),
         }
+    }
+
+    /// Builds membership, delivery and the pipeline on these seams.
+    pub(crate) fn services(
+        &self,
+        storage: Storage,
+        settings: Settings,
+        ids: Arc<SnowflakeGenerator>,
+        plugins: &Arc<PluginHost>,
+        vitals: &Arc<Vitals>,
+    ) -> Services {
+        let membership = Arc::new(Membership::new(Arc::clone(&storage.groups), Arc::clone(&self.rooms)));
+        let lanes = Arc::new(Lanes::default());
+        let reach = Reach {
+            this_node: self.this_node,
+            sessions: Arc::clone(&self.sessions),
+            rooms: Arc::clone(&self.rooms),
+            routes: Arc::clone(&self.routes),
+            room_directory: Arc::clone(&self.room_directory),
+            bus: Arc::clone(&self.bus),
+        };
+        let stores = DeliveryStores {
+            messages: storage.messages,
+            cursors: storage.cursors,
+            conversations: Arc::clone(&storage.conversations),
+            groups: storage.groups,
+        };
+        let frontier =
+            OwnerFrontier { lanes: Arc::clone(&lanes), router: Arc::clone(&self.router), bus: Arc::clone(&self.bus) };
+        let delivery = Arc::new(Delivery::new(
+            settings.delivery,
+            reach,
+            Arc::clone(&membership),
+            stores,
+            Arc::new(frontier),
+            Arc::clone(vitals),
+        ));
+        let pipeline = Arc::new(Pipeline::new(PipelineParts {
+            writer: storage.writer,
+            conversations: storage.conversations,
+            seqs: Arc::clone(&storage.seqs),
+            ids,
+            dedup: Arc::clone(&self.dedup),
+            lanes: Arc::clone(&lanes),
+            membership: Arc::clone(&membership),
+            delivery: Arc::clone(&delivery),
+            router: Arc::clone(&self.router),
+            bus: Arc::clone(&self.bus),
+            clock: Arc::clone(&self.clock),
+            plugins: Arc::clone(plugins),
+            vitals: Arc::clone(vitals),
+            known_direct_idle: settings.known_direct_idle,
+        }));
+        Services { membership, delivery, pipeline, seqs: storage.seqs, lanes }
     }
 }
 

@@ -23,16 +23,16 @@ use herald_proto::v1::{self, Frame, frame::Body};
 
 use crate::clock::SystemClock;
 use crate::config::{DeliveryConfig, SeqConfig, StorageConfig};
+use crate::delivery::Delivery;
 use crate::delivery::session::{Outbox, Session};
 use crate::delivery::sessions::Sessions;
-use crate::delivery::{Delivery, DeliveryStores, Reach};
 use crate::health::Vitals;
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
 use crate::membership::Membership;
 use crate::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, Message, NodeId, UserId};
+use crate::node::{Seams, Settings, Storage};
 use crate::pipeline::dedup::LocalDedup;
-use crate::pipeline::lanes::{Lanes, OwnerFrontier};
-use crate::pipeline::{Admission, Pipeline, PipelineParts};
+use crate::pipeline::{Admission, Pipeline};
 use crate::plugins::{PluginHost, PluginHostConfig};
 use crate::routing::bus::{BusError, LocalBus, NodeBus, Origin, SendAck, SendRequest};
 use crate::routing::rooms::{MemoryRoomDirectory, Rooms};
@@ -101,66 +101,45 @@ impl Kit {
                 .expect("the plugin host"),
         );
         let topology = Arc::new(StaticTopology::new(&options.ring));
-        let router = Arc::new(Router::new(Arc::clone(&plugins), Arc::clone(&topology) as _, THIS_NODE));
-        let rooms = Arc::new(Rooms::default());
         let room_directory = Arc::new(MemoryRoomDirectory::default());
-        let sessions = Arc::new(Sessions::default());
-        let membership = Arc::new(Membership::new(Arc::new(database.clone()), Arc::clone(&rooms)));
-        let vitals = Arc::new(Vitals::default());
-        let lanes = Arc::new(Lanes::default());
-        let reads = Arc::new(ReadLog { database: database.clone(), reads: Mutex::default() });
-        let reach = Reach {
+        let seams = Seams {
             this_node: THIS_NODE,
-            sessions: Arc::clone(&sessions),
-            rooms: Arc::clone(&rooms),
+            clock: Arc::new(SystemClock),
             routes: Arc::clone(&options.routes),
+            rooms: Arc::new(Rooms::default()),
             room_directory: Arc::clone(&room_directory) as _,
-            bus: Arc::clone(&options.bus),
+            sessions: Arc::new(Sessions::default()),
+            dedup: Arc::new(LocalDedup::new(Duration::from_secs(600), 10_000)),
+            bus: options.bus,
+            router: Arc::new(Router::new(Arc::clone(&plugins), Arc::clone(&topology) as _, THIS_NODE)),
         };
-        let stores = DeliveryStores {
+        let reads = Arc::new(ReadLog { database: database.clone(), reads: Mutex::default() });
+        let storage = Storage {
             messages: Arc::clone(&reads) as _,
+            writer: Arc::new(committer),
             cursors: Arc::new(database.clone()),
             conversations: Arc::new(database.clone()),
             groups: Arc::new(database.clone()),
+            seqs: Arc::new(SeqAllocator::new(Arc::new(database.clone()), SeqConfig::default())),
         };
-        let frontier =
-            OwnerFrontier { lanes: Arc::clone(&lanes), router: Arc::clone(&router), bus: Arc::clone(&options.bus) };
-        let delivery = Arc::new(Delivery::new(
+        let settings = Settings {
             // One push per message and device: what a test sees is what fan-out or backfill
             // pushed, never a redelivery that a slow run let through.
-            DeliveryConfig { max_attempts: 1, ..DeliveryConfig::default() },
-            reach,
-            Arc::clone(&membership),
-            stores,
-            Arc::new(frontier),
-            Arc::clone(&vitals),
-        ));
-        let pipeline = Arc::new(Pipeline::new(PipelineParts {
-            writer: Arc::new(committer.clone()),
-            conversations: Arc::new(database.clone()),
-            seqs: Arc::new(SeqAllocator::new(Arc::new(database.clone()), SeqConfig::default())),
-            ids: Arc::new(SnowflakeGenerator::new(THIS_NODE.0).expect("node id in range")),
-            dedup: Arc::new(LocalDedup::new(Duration::from_secs(600), 10_000)),
-            lanes,
-            membership: Arc::clone(&membership),
-            delivery: Arc::clone(&delivery),
-            router,
-            bus: options.bus,
-            clock: Arc::new(SystemClock),
-            plugins,
-            vitals,
+            delivery: DeliveryConfig { max_attempts: 1, ..DeliveryConfig::default() },
             known_direct_idle: Duration::ZERO,
-        }));
+        };
+        let ids = Arc::new(SnowflakeGenerator::new(THIS_NODE.0).expect("node id in range"));
+        let services = seams.services(storage, settings, ids, &plugins, &Arc::new(Vitals::default()));
         Self {
             database,
             topology,
-            routes: options.routes,
-            rooms,
+            routes: seams.routes,
+            rooms: seams.rooms,
             room_directory,
-            sessions,
-            membership,
-            delivery,
-            pipeline,
+            sessions: seams.sessions,
+            membership: services.membership,
+            delivery: services.delivery,
+            pipeline: services.pipeline,
             reads,
             next_connection: AtomicU64::new(1),
             _dir: dir,

@@ -12,6 +12,7 @@ use herald_proto::{DecodeLimits, Encoding, decode_frame};
 
 use super::connection::{CloseReason, Connection, close};
 use super::{Client, Gateway};
+use crate::delivery::pull::PullError;
 use crate::model::ConversationId;
 
 use crate::pipeline::Admission;
@@ -106,26 +107,12 @@ async fn dispatch(gateway: &Arc<Gateway>, client: &Client, frame: Frame) -> Resu
             Err(error) => _ = connection.push(error_frame(rid, "invalid", error.to_string())),
         },
         Body::Sync(sync) => {
-            let (delivery, connection, session) =
-                (Arc::clone(&gateway.delivery), Arc::clone(connection), Arc::clone(session));
-            tokio::spawn(async move {
-                let reply = match delivery.sync(&session, sync).await {
-                    Ok(reply) => Frame::new(rid, reply),
-                    Err(error) => error_frame(rid, error.code(), error.to_string()),
-                };
-                connection.push(reply);
-            });
+            let (delivery, session) = (Arc::clone(&gateway.delivery), Arc::clone(session));
+            reply_later(connection, rid, async move { delivery.sync(&session, sync).await });
         }
         Body::History(history) => {
-            let (delivery, connection, user) =
-                (Arc::clone(&gateway.delivery), Arc::clone(connection), session.user.clone());
-            tokio::spawn(async move {
-                let reply = match delivery.history(&user, history).await {
-                    Ok(reply) => Frame::new(rid, reply),
-                    Err(error) => error_frame(rid, error.code(), error.to_string()),
-                };
-                connection.push(reply);
-            });
+            let (delivery, user) = (Arc::clone(&gateway.delivery), session.user.clone());
+            reply_later(connection, rid, async move { delivery.history(&user, history).await });
         }
         // In order with the sends that follow: a send right after subscribe must pass.
         Body::Subscribe(subscribe) => {
@@ -150,6 +137,25 @@ async fn dispatch(gateway: &Arc<Gateway>, client: &Client, frame: Frame) -> Resu
         }
     }
     Ok(())
+}
+
+/// Answers a pull request off the reader (reads may take a while): its reply, or an
+/// `error` frame saying why not.
+fn reply_later<R>(
+    connection: &Arc<Connection>,
+    rid: u32,
+    work: impl Future<Output = Result<R, PullError>> + Send + 'static,
+) where
+    R: Into<Body> + Send + 'static,
+{
+    let connection = Arc::clone(connection);
+    tokio::spawn(async move {
+        let reply = match work.await {
+            Ok(reply) => Frame::new(rid, reply),
+            Err(error) => error_frame(rid, error.code(), error.to_string()),
+        };
+        connection.push(reply);
+    });
 }
 
 /// Writes a queued send's ack once it is settled, then runs its fan-out.
