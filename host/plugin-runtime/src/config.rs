@@ -1,6 +1,6 @@
 //! The runtime's configuration: hooks, failure policies, per-plugin limits and the host-wide
 //! knobs (pool size, quarantine, epoch tick). Every knob has a default that suits a laptop
-//! and is documented here; the host's `[plugins]` config section deserializes into
+//! and is documented here; the host's `[plugin_runtime]` config section deserializes into
 //! [`PluginHostConfig`].
 
 use serde::{Deserialize, Serialize};
@@ -138,7 +138,7 @@ pub struct PluginOverride {
     pub config: toml::Table,
 }
 
-/// The plugin runtime's configuration (the host's `[plugins]` section).
+/// The plugin runtime's configuration (the host's `[plugin_runtime]` section).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PluginHostConfig {

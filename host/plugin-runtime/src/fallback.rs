@@ -1,6 +1,6 @@
 //! Built-in defaults: the answer of each hook when no plugin gives one, and the `default`
-//! failure policy. The host implements [`Fallback`] (its `policy/` module); the runtime ships
-//! [`BuiltinDefaults`], the behaviour ARCHITECTURE.md §4 prescribes.
+//! failure policy. [`Fallback`] is the seam; the runtime ships [`BuiltinDefaults`], the
+//! behaviour ARCHITECTURE.md §4 prescribes, which the host uses as it is.
 
 use crate::types::{
     Acceptance, AnnounceDecision, Announcement, CommandKind, ConnectDecision, ConnectRequest, Health, Message,

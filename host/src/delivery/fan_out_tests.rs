@@ -227,3 +227,22 @@ async fn a_parked_session_notes_the_message_as_owed_instead_of_pushing_it() {
     let owed = back.take_resume().expect("resumed");
     assert_eq!(owed, [(conversation_id("dm:alice:bob"), 4)].into_iter().collect(), "read after seq 4");
 }
+
+/// What another node's fan-out hands this one over the bus: pushed to the named users'
+/// devices here, once each, and to no one else.
+#[tokio::test]
+async fn a_delivery_from_another_node_reaches_only_the_named_users_devices_here() {
+    let kit = Kit::new().await;
+    let (_, bob_phone) = kit.connect("bob", "phone").await;
+    let (_, bob_tablet) = kit.connect("bob", "tablet").await;
+    let (_, carol_phone) = kit.connect("carol", "phone").await;
+    let sent = message("grp:team", 7, "alice", "phone");
+
+    kit.delivery.deliver_here(&sent, &[user_id("bob"), user_id("bob")]).await;
+
+    for (who, outbox) in [("bob/phone", &bob_phone), ("bob/tablet", &bob_tablet)] {
+        let seqs = outbox.delivered_seqs();
+        assert_eq!(seqs, vec![("grp:team".to_owned(), 7)], "{who} gets it once");
+    }
+    assert!(carol_phone.frames().is_empty(), "carol was not named");
+}

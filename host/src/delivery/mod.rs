@@ -163,13 +163,14 @@ impl Delivery {
     }
 
     /// Pushes `message` to the devices of `users` connected to this node (another node's
-    /// fan-out, arriving over the bus).
+    /// fan-out, arriving over the bus); a user named twice is pushed to once.
     pub async fn deliver_here(self: &Arc<Self>, message: &Message, users: &[UserId]) {
-        let routes = self.reach.routes.devices_of(users).await.unwrap_or_else(|error| {
+        let users: Vec<UserId> = users.iter().cloned().collect::<BTreeSet<_>>().into_iter().collect();
+        let routes = self.reach.routes.devices_of(&users).await.unwrap_or_else(|error| {
             tracing::warn!(%error, "route table unavailable for delivery");
             HashMap::new()
         });
-        for user in users {
+        for user in &users {
             self.push_here(message, user, routes.get(user).map_or(&[], Vec::as_slice));
         }
     }
