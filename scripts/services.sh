@@ -40,6 +40,10 @@ ensure_mariadb() {
 
 ensure_redis() {
     redis_up && return 0
+    if [ -n "${HERALD_TEST_REDIS_URL:-}" ]; then
+        # A custom URL: trust it and let the tests report if it is wrong.
+        return 0
+    fi
     command -v redis-server >/dev/null || die "Redis is needed by the tests but is not installed (apt-get install redis-server)"
     say "starting Redis"
     mkdir -p /var/lib/redis /var/log/redis

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod delivery;
 pub mod gateway;

@@ -4,6 +4,7 @@
 
 mod allocator;
 mod cli;
+mod cluster;
 mod in_process;
 mod layering;
 mod messaging;

@@ -1,0 +1,102 @@
+//! The Redis key layout of cluster mode, in one place (the table is in the module doc of
+//! [`crate::cluster`]).
+//!
+//! Each key carries a hash tag naming what it belongs to — `{u:<user>}`, `{n:<node>}`,
+//! `{r:<room>}` — so the keys one script or one step touches share a Redis Cluster slot.
+//! The prefix comes before the tag and may not contain braces, or its braces would become
+//! the tag and put every key in one slot.
+
+use std::sync::Arc;
+
+use crate::model::{ClientMsgId, ConversationId, NodeId, UserId};
+
+/// A key prefix was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "Redis key prefix {0:?} contains a brace; a prefix may not contain '{{' or '}}' (they would become the hash tag)"
+)]
+pub struct InvalidPrefix(pub String);
+
+/// What every key of this deployment starts with, so that several deployments (or tests)
+/// share one Redis without seeing each other's keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPrefix(Arc<str>);
+
+impl Default for KeyPrefix {
+    fn default() -> Self {
+        Self("herald:".into())
+    }
+}
+
+impl KeyPrefix {
+    /// A prefix such as `herald:` or `test:1f3a:`.
+    ///
+    /// # Errors
+    /// [`InvalidPrefix`] when it contains `{` or `}`.
+    pub fn new(prefix: &str) -> Result<Self, InvalidPrefix> {
+        if prefix.contains(['{', '}']) {
+            return Err(InvalidPrefix(prefix.to_owned()));
+        }
+        Ok(Self(prefix.into()))
+    }
+
+    /// The prefix as text (to scan for this deployment's keys).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `route:{u:<user>}`: the user's devices → where each is connected.
+    pub(crate) fn route(&self, user: &UserId) -> String {
+        format!("{}route:{{u:{user}}}", self.0)
+    }
+
+    /// `route:gw:{n:<node>}`: every route `node` wrote, for clearing them when it dies.
+    pub(crate) fn gateway(&self, node: NodeId) -> String {
+        format!("{}route:gw:{{n:{node}}}", self.0)
+    }
+
+    /// `dedup:{u:<user>}:<client_msg_id>`: the mark of one send.
+    pub(crate) fn dedup(&self, sender: &UserId, client_msg_id: &ClientMsgId) -> String {
+        format!("{}dedup:{{u:{sender}}}:{client_msg_id}", self.0)
+    }
+
+    /// `room:{r:<room>}:nodes`: the nodes with subscribers of a room (`<room>` without the
+    /// `room:` of the conversation id).
+    pub(crate) fn room_nodes(&self, room: &ConversationId) -> String {
+        let name = room.as_str().strip_prefix("room:").unwrap_or(room.as_str());
+        format!("{}room:{{r:{name}}}:nodes", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The part of a key Redis Cluster hashes: the text inside the first `{…}`.
+    fn hash_tag(key: &str) -> &str {
+        let open = key.find('{').expect("a tag");
+        let close = key[open..].find('}').expect("a closed tag") + open;
+        &key[open + 1..close]
+    }
+
+    #[test]
+    fn keys_of_one_user_share_a_slot_and_follow_the_layout() {
+        let keys = KeyPrefix::default();
+        let ann = UserId::parse("ann").expect("valid");
+        let id = ClientMsgId::parse("00000000-0000-4000-8000-000000000001").expect("valid");
+        let route = keys.route(&ann);
+        let dedup = keys.dedup(&ann, &id);
+        assert_eq!(route, "herald:route:{u:ann}");
+        assert_eq!(dedup, "herald:dedup:{u:ann}:00000000-0000-4000-8000-000000000001");
+        assert_eq!(hash_tag(&route), hash_tag(&dedup));
+        assert_eq!(keys.gateway(NodeId(7)), "herald:route:gw:{n:7}");
+        let lobby = ConversationId::parse("room:lobby").expect("valid");
+        assert_eq!(keys.room_nodes(&lobby), "herald:room:{r:lobby}:nodes");
+    }
+
+    #[test]
+    fn a_prefix_with_a_brace_is_refused() {
+        assert!(KeyPrefix::new("test:{x}:").is_err());
+        assert_eq!(KeyPrefix::new("test:1f3a:").expect("valid").as_str(), "test:1f3a:");
+    }
+}

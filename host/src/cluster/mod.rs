@@ -1,0 +1,74 @@
+//! Cluster mode's shared state: the Redis implementations of the seams every node must see
+//! alike.
+//!
+//! In cluster mode N nodes of the same binary serve one deployment: a device may be
+//! connected to any node, a conversation is owned by one node of the ring, and a retry may
+//! reach another node than the original. What one node learns about routes, room
+//! subscribers and dedup marks must therefore be visible to all of them, so these seams live
+//! in Redis rather than in the process:
+//!
+//! | seam | embedded | here |
+//! |---|---|---|
+//! | [`RouteTable`](crate::routing::RouteTable) | `MemoryRouteTable` | [`RedisRouteTable`] |
+//! | [`RoomDirectory`](crate::routing::rooms::RoomDirectory) | `MemoryRoomDirectory` | [`RedisRoomDirectory`] |
+//! | [`DedupMarks`](crate::pipeline::dedup::DedupMarks) | `LocalDedup` | [`RedisDedup`] |
+//!
+//! `node.rs` picks one implementation per seam once, at start-up, when `cluster.redis_url`
+//! is set (ARCHITECTURE.md §5); nothing above the seams asks which mode it runs in. All
+//! three share one [`RedisConnection`] (a multiplexed connection that reconnects by itself).
+//!
+//! # Keys
+//!
+//! Every key starts with a [`KeyPrefix`] (`herald:` by default; tests use their own) and
+//! carries a hash tag, so that each script and each multi-key step touches keys of one
+//! Redis Cluster slot and never fails with `CROSSSLOT`:
+//!
+//! | key | type | holds | TTL |
+//! |---|---|---|---|
+//! | `route:{u:<user>}` | hash | device → `<node>\|<connection>\|<connected_at_ms>` | none: a node removes its routes at logout, and a dead node's are removed through its `route:gw` set |
+//! | `route:gw:{n:<node>}` | set | `<user>\|<device>\|<connection>` of every route the node wrote | none: emptied by [`RedisRouteTable::drop_node`] |
+//! | `dedup:{u:<user>}:<client_msg_id>` | string | `pending`, then `stored\|<message_id>\|<seq>\|<conversation>` | `pending`: [`MarkLifetimes::pending_ttl`]; stored: [`MarkLifetimes::ttl`] |
+//! | `room:{r:<room>}:nodes` | set | the nodes with subscribers of the room | none: the last subscriber leaving removes the node |
+//!
+//! Names are `[A-Za-z0-9._@-]` (model.rs), so a name never contains `{`, `}`, `|` or `:`
+//! and cannot break a hash tag or a field encoding.
+//!
+//! # Failures
+//!
+//! Every call carries a deadline ([`RedisTimeouts`]): lookups on the send and fan-out path
+//! are short (50 ms by default) so a slow Redis costs a bounded delay, never a stalled
+//! pipeline. A failed or late call becomes the seam's error
+//! ([`RouteError`](crate::routing::RouteError), naming Redis and the step); the dedup seam,
+//! which cannot fail, lets the send through instead and leaves duplicates to the unique index
+//! in storage (see [`redis_dedup`]).
+
+pub mod connection;
+pub mod keys;
+pub mod redis_dedup;
+pub mod redis_rooms;
+pub mod redis_routes;
+
+use std::time::Duration;
+
+pub use connection::{RedisConnection, RedisFailure};
+pub use keys::{InvalidPrefix, KeyPrefix};
+pub use redis_dedup::{MarkLifetimes, RedisDedup};
+pub use redis_rooms::RedisRoomDirectory;
+pub use redis_routes::RedisRouteTable;
+
+/// How long a call to Redis may take before it counts as failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisTimeouts {
+    /// Reads on the hot path: route lookups for fan-out, taking a dedup mark, a room's
+    /// nodes. Past it a device counts as offline (it syncs) and a send is let through.
+    pub lookup: Duration,
+    /// Writes: login, logout, completing or cancelling a mark, joining or leaving a room,
+    /// and each step of dropping a dead node's routes.
+    pub write: Duration,
+}
+
+impl Default for RedisTimeouts {
+    fn default() -> Self {
+        Self { lookup: Duration::from_millis(50), write: Duration::from_millis(500) }
+    }
+}

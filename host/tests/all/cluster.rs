@@ -1,0 +1,468 @@
+//! Cluster mode's Redis seams against the machine's real Redis (`HERALD_TEST_REDIS_URL`, or
+//! `redis://127.0.0.1:6379/0`): the route table, the room directory and the dedup marks,
+//! each proving what its in-process twin proves, plus what only a shared store can show —
+//! two nodes seeing each other's routes, a dead node's routes cleared, deadlines kept when
+//! Redis stalls. Each test works under a prefix of its own and deletes its keys when done.
+//! A Redis that cannot be reached fails the test, never skips it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use herald_host::cluster::{
+    KeyPrefix, MarkLifetimes, RedisConnection, RedisDedup, RedisRoomDirectory, RedisRouteTable, RedisTimeouts,
+};
+use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, NodeId, UserId};
+use herald_host::pipeline::SendError;
+use herald_host::pipeline::dedup::{DedupMarks, Mark, Outcome};
+use herald_host::routing::RouteTable;
+use herald_host::routing::rooms::RoomDirectory;
+use herald_host::routing::{Route, RouteError};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+/// Deadlines for the tests that are not about deadlines: generous, as the machine is shared
+/// by many tests at once.
+const PATIENT: RedisTimeouts = RedisTimeouts { lookup: Duration::from_secs(2), write: Duration::from_secs(2) };
+
+/// The longest anything that should happen promptly may take.
+const WAIT: Duration = Duration::from_secs(5);
+
+fn redis_url() -> String {
+    std::env::var("HERALD_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+}
+
+/// Connects to `url` or fails the test saying how to get a Redis.
+async fn connect(url: &str) -> RedisConnection {
+    RedisConnection::connect(url, Duration::from_secs(3)).await.unwrap_or_else(|error| {
+        panic!(
+            "{error}. These tests need a real Redis: start one (redis-server --daemonize yes --port 6379 \
+             --save '' --appendonly no) or set HERALD_TEST_REDIS_URL to one"
+        )
+    })
+}
+
+/// One test's corner of Redis: a unique key prefix, and its keys deleted on drop (even
+/// when the test panics).
+struct Scratch {
+    url: String,
+    keys: KeyPrefix,
+    redis: RedisConnection,
+}
+
+impl Scratch {
+    async fn new() -> Self {
+        let url = redis_url();
+        let redis = connect(&url).await;
+        let keys = KeyPrefix::new(&format!("test:{:016x}:", rand::random::<u64>())).expect("a valid prefix");
+        Self { url, keys, redis }
+    }
+
+    fn routes(&self) -> RedisRouteTable {
+        RedisRouteTable::new(self.redis.clone(), self.keys.clone(), PATIENT)
+    }
+
+    fn dedup(&self, lifetimes: MarkLifetimes) -> RedisDedup {
+        RedisDedup::new(self.redis.clone(), self.keys.clone(), PATIENT, lifetimes)
+    }
+
+    /// Every key under this test's prefix, without the prefix.
+    fn keys_written(&self) -> BTreeSet<String> {
+        let mut redis = self.plain_connection();
+        scan(&mut redis, self.keys.as_str()).iter().map(|key| key[self.keys.as_str().len()..].to_owned()).collect()
+    }
+
+    /// The TTL of one of this test's keys, in ms (-1: none, -2: no such key).
+    fn ttl_ms(&self, key: &str) -> i64 {
+        let mut redis = self.plain_connection();
+        redis::cmd("PTTL").arg(format!("{}{key}", self.keys.as_str())).query(&mut redis).expect("PTTL")
+    }
+
+    fn plain_connection(&self) -> redis::Connection {
+        redis::Client::open(self.url.as_str()).and_then(|client| client.get_connection()).expect("a plain connection")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let Ok(mut redis) = redis::Client::open(self.url.as_str()).and_then(|client| client.get_connection()) else {
+            return;
+        };
+        for chunk in scan(&mut redis, self.keys.as_str()).chunks(500) {
+            let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query(&mut redis);
+        }
+    }
+}
+
+/// Every key starting with `prefix` (which holds no glob characters).
+fn scan(redis: &mut redis::Connection, prefix: &str) -> Vec<String> {
+    let (mut cursor, mut keys) = (0_u64, Vec::new());
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query(redis)
+            .expect("SCAN");
+        keys.extend(batch);
+        if next == 0 {
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
+fn user(name: &str) -> UserId {
+    UserId::parse(name).expect("valid user")
+}
+
+fn device(name: &str) -> DeviceId {
+    DeviceId::parse(name).expect("valid device")
+}
+
+fn route(user_name: &str, device_name: &str, node: u32, connection: u64) -> Route {
+    Route {
+        user: user(user_name),
+        device: device(device_name),
+        node: NodeId(node),
+        connection: ConnectionId(connection),
+        connected_at_ms: 1_767_225_600_000 + connection,
+    }
+}
+
+fn client_msg_id(n: u32) -> ClientMsgId {
+    ClientMsgId::parse(&format!("00000000-0000-4000-8000-{n:012x}")).expect("valid uuid")
+}
+
+fn outcome(seq: u64) -> Outcome {
+    Outcome { message_id: 7_000_000_000 + seq, seq, conversation: ConversationId::parse("dm:ann:bob").expect("valid") }
+}
+
+/// (node, connection) of each device of `user` in `found`, sorted.
+fn places(found: &HashMap<UserId, Vec<Route>>, name: &str) -> Vec<(String, u32, u64)> {
+    let mut places: Vec<_> = found
+        .get(&user(name))
+        .map(|routes| routes.iter().map(|r| (r.device.to_string(), r.node.0, r.connection.0)).collect())
+        .unwrap_or_default();
+    places.sort();
+    places
+}
+
+#[tokio::test]
+async fn login_returns_the_replaced_route_and_logout_needs_the_current_connection() {
+    let scratch = Scratch::new().await;
+    let table = scratch.routes();
+    assert_eq!(table.login(route("ann", "phone", 0, 1)).await.expect("login"), None);
+    assert_eq!(table.login(route("ann", "laptop", 0, 2)).await.expect("login"), None);
+    let replaced = table.login(route("ann", "phone", 0, 3)).await.expect("login");
+    assert_eq!(replaced, Some(route("ann", "phone", 0, 1)), "the whole replaced route comes back, to kick");
+    let (ann, bob, phone) = (user("ann"), user("bob"), device("phone"));
+    let (zero, three) = (NodeId(0), ConnectionId(3));
+    assert!(!table.logout(&ann, &phone, zero, ConnectionId(1)).await.expect("logout"), "a stale connection");
+    assert!(!table.logout(&ann, &phone, NodeId(1), three).await.expect("logout"), "the same id on another node");
+    table.login(route("bob", "phone", 1, 1)).await.expect("login");
+    let both = table.devices_of(&[ann.clone(), bob.clone()]).await.expect("devices");
+    assert_eq!((both[&ann].len(), both[&bob].len()), (2, 1), "every device of every user in one lookup");
+    assert!(table.logout(&ann, &phone, zero, three).await.expect("logout"));
+    assert!(table.logout(&bob, &phone, NodeId(1), ConnectionId(1)).await.expect("logout"));
+    let left = table.devices_of(&[ann.clone(), bob.clone()]).await.expect("devices");
+    assert_eq!(left.keys().collect::<Vec<_>>(), vec![&ann], "a user with no device is absent");
+    assert_eq!(places(&left, "ann"), vec![("laptop".to_owned(), 0, 2)]);
+}
+
+#[tokio::test]
+async fn devices_of_returns_every_device_of_many_users_in_one_call() {
+    let scratch = Scratch::new().await;
+    let table = scratch.routes();
+    let users: Vec<UserId> = (0..40).map(|n| user(&format!("member-{n}"))).collect();
+    for (n, member) in users.iter().enumerate().filter(|(n, _)| n % 4 != 0) {
+        for (d, name) in ["phone", "laptop", "web"].iter().take(n % 3 + 1).enumerate() {
+            let connection = (n * 10 + d) as u64;
+            table.login(route(member.as_str(), name, (n % 3) as u32, connection)).await.expect("login");
+        }
+    }
+    let found = table.devices_of(&users).await.expect("devices");
+    assert_eq!(found.len(), 30, "the ten users without a device are absent");
+    for (n, member) in users.iter().enumerate() {
+        let expected: Vec<(String, u32, u64)> = if n % 4 == 0 {
+            Vec::new()
+        } else {
+            let mut expected: Vec<_> = ["phone", "laptop", "web"]
+                .iter()
+                .take(n % 3 + 1)
+                .enumerate()
+                .map(|(d, name)| ((*name).to_owned(), (n % 3) as u32, (n * 10 + d) as u64))
+                .collect();
+            expected.sort();
+            expected
+        };
+        assert_eq!(places(&found, member.as_str()), expected, "{member}");
+    }
+    let phone = found[&users[1]].iter().find(|r| r.device.as_str() == "phone").expect("member-1's phone");
+    assert_eq!(phone.connected_at_ms, 1_767_225_600_010, "the login time reads back");
+    assert!(table.devices_of(&[]).await.expect("devices").is_empty());
+}
+
+#[tokio::test]
+async fn two_nodes_see_each_others_routes() {
+    let scratch = Scratch::new().await;
+    // Two nodes: two connections of their own, one Redis.
+    let first = RedisRouteTable::new(connect(&scratch.url).await, scratch.keys.clone(), PATIENT);
+    let second = RedisRouteTable::new(connect(&scratch.url).await, scratch.keys.clone(), PATIENT);
+    first.login(route("ann", "phone", 1, 1)).await.expect("login on node 1");
+    second.login(route("ann", "laptop", 2, 1)).await.expect("login on node 2");
+    second.login(route("bob", "phone", 2, 2)).await.expect("login on node 2");
+    let (ann, bob) = (user("ann"), user("bob"));
+    for table in [&first, &second] {
+        let found = table.devices_of(&[ann.clone(), bob.clone()]).await.expect("devices");
+        assert_eq!(places(&found, "ann"), vec![("laptop".to_owned(), 2, 1), ("phone".to_owned(), 1, 1)]);
+        assert_eq!(places(&found, "bob"), vec![("phone".to_owned(), 2, 2)]);
+    }
+    // Ann's phone reconnects to node 2: node 2 learns which connection of node 1 to kick.
+    let replaced = second.login(route("ann", "phone", 2, 3)).await.expect("login on node 2");
+    assert_eq!(replaced, Some(route("ann", "phone", 1, 1)));
+    // Node 1 closes the kicked connection; its logout must not remove the new route.
+    assert!(!first.logout(&ann, &device("phone"), NodeId(1), ConnectionId(1)).await.expect("logout"));
+    let found = first.devices_of(std::slice::from_ref(&ann)).await.expect("devices");
+    assert_eq!(places(&found, "ann"), vec![("laptop".to_owned(), 2, 1), ("phone".to_owned(), 2, 3)]);
+}
+
+#[tokio::test]
+async fn drop_node_removes_only_that_nodes_routes() {
+    let scratch = Scratch::new().await;
+    let table = scratch.routes();
+    for n in 0..300_u64 {
+        table.login(route(&format!("user-{n}"), "phone", 1, n)).await.expect("login on node 1");
+    }
+    table.login(route("ann", "laptop", 1, 1000)).await.expect("login on node 1");
+    table.login(route("ann", "phone", 2, 1)).await.expect("login on node 2");
+    table.login(route("bob", "phone", 2, 2)).await.expect("login on node 2");
+    // A device that moved from node 1 to node 2: node 1's set still names it.
+    table.login(route("cy", "phone", 1, 1001)).await.expect("login on node 1");
+    table.login(route("cy", "phone", 2, 3)).await.expect("login on node 2");
+    assert_eq!(table.drop_node(NodeId(1)).await.expect("drop node 1"), 301, "300 users and ann's laptop");
+    let everyone: Vec<UserId> =
+        (0..300).map(|n| user(&format!("user-{n}"))).chain(["ann", "bob", "cy"].map(user)).collect();
+    let found = table.devices_of(&everyone).await.expect("devices");
+    assert_eq!(found.len(), 3, "only ann, bob and cy still have routes");
+    assert_eq!(places(&found, "ann"), vec![("phone".to_owned(), 2, 1)]);
+    assert_eq!(places(&found, "bob"), vec![("phone".to_owned(), 2, 2)]);
+    assert_eq!(places(&found, "cy"), vec![("phone".to_owned(), 2, 3)], "a moved device keeps its new route");
+    assert!(!scratch.keys_written().contains("route:gw:{n:1}"), "node 1's set is gone");
+    assert_eq!(table.drop_node(NodeId(1)).await.expect("drop node 1 again"), 0, "dropping is idempotent");
+}
+
+#[tokio::test]
+async fn a_dedup_mark_is_fresh_once_then_in_flight_then_stored() {
+    let scratch = Scratch::new().await;
+    let dedup = scratch.dedup(MarkLifetimes::with_ttl(Duration::from_secs(60)));
+    // A second node's marks: a retry that reaches another owner sees the same mark.
+    let other = RedisDedup::new(
+        connect(&scratch.url).await,
+        scratch.keys.clone(),
+        PATIENT,
+        MarkLifetimes::with_ttl(Duration::from_secs(60)),
+    );
+    let (ann, id) = (user("ann"), client_msg_id(1));
+    assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh));
+    let Mark::InFlight(waiting) = other.try_mark(&ann, &id).await else { panic!("in flight") };
+    let waiting = tokio::spawn(waiting);
+    dedup.complete(&ann, &id, outcome(3)).await;
+    let answered = tokio::time::timeout(WAIT, waiting).await.expect("the waiter answers").expect("joined");
+    assert_eq!(answered, Ok(outcome(3)), "a duplicate in flight gets the original's ids");
+    assert!(matches!(other.try_mark(&ann, &id).await, Mark::Stored(o) if o == outcome(3)));
+    dedup.cancel(&ann, &id).await;
+    assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Stored(_)), "cancel never removes a stored mark");
+    assert!(matches!(dedup.try_mark(&user("bob"), &id).await, Mark::Fresh), "marks are per sender");
+}
+
+#[tokio::test]
+async fn a_cancelled_mark_fails_its_waiters_and_lets_the_retry_through() {
+    let scratch = Scratch::new().await;
+    let dedup = scratch.dedup(MarkLifetimes::with_ttl(Duration::from_secs(60)));
+    let (ann, id) = (user("ann"), client_msg_id(2));
+    assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh));
+    let Mark::InFlight(waiting) = dedup.try_mark(&ann, &id).await else { panic!("in flight") };
+    let waiting = tokio::spawn(waiting);
+    dedup.cancel(&ann, &id).await;
+    let answered = tokio::time::timeout(WAIT, waiting).await.expect("the waiter answers").expect("joined");
+    assert_eq!(answered, Err(SendError::OriginalFailed));
+    assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh), "a cancelled mark lets the retry through");
+}
+
+#[tokio::test]
+async fn dedup_marks_expire_after_their_ttl() {
+    let scratch = Scratch::new().await;
+    let ttl = Duration::from_millis(200);
+    let dedup = scratch.dedup(MarkLifetimes::with_ttl(ttl));
+    let ann = user("ann");
+    // A pending mark whose send never ends, then a stored one.
+    for (n, complete) in [(3, false), (4, true)] {
+        let id = client_msg_id(n);
+        let taken = Instant::now();
+        assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh));
+        if complete {
+            dedup.complete(&ann, &id, outcome(5)).await;
+            assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Stored(_)));
+        }
+        loop {
+            if matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh) {
+                break;
+            }
+            assert!(taken.elapsed() < WAIT, "the mark never expired");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(taken.elapsed() >= ttl - Duration::from_millis(20), "expired early: {:?}", taken.elapsed());
+    }
+}
+
+#[tokio::test]
+async fn a_duplicate_stops_waiting_for_an_original_that_never_ends() {
+    let scratch = Scratch::new().await;
+    let lifetimes = MarkLifetimes {
+        ttl: Duration::from_secs(60),
+        pending_ttl: Duration::from_secs(60),
+        wait_for_original: Duration::from_millis(150),
+    };
+    let dedup = scratch.dedup(lifetimes);
+    let (ann, id) = (user("ann"), client_msg_id(6));
+    assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh));
+    let Mark::InFlight(waiting) = dedup.try_mark(&ann, &id).await else { panic!("in flight") };
+    let started = Instant::now();
+    assert_eq!(waiting.await, Err(SendError::OriginalAbandoned));
+    assert!(started.elapsed() < Duration::from_secs(1), "waited {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn the_room_directory_lists_a_node_between_joined_and_left() {
+    let scratch = Scratch::new().await;
+    let rooms = RedisRoomDirectory::new(scratch.redis.clone(), scratch.keys.clone(), PATIENT);
+    let other_node = RedisRoomDirectory::new(connect(&scratch.url).await, scratch.keys.clone(), PATIENT);
+    let lobby = ConversationId::parse("room:lobby").expect("valid");
+    let arena = ConversationId::parse("room:arena").expect("valid");
+    let sorted = |mut nodes: Vec<NodeId>| {
+        nodes.sort();
+        nodes
+    };
+    assert!(rooms.nodes(&lobby).await.expect("nodes").is_empty());
+    rooms.joined(&lobby, NodeId(1)).await.expect("joined");
+    other_node.joined(&lobby, NodeId(2)).await.expect("joined");
+    rooms.joined(&lobby, NodeId(1)).await.expect("joining twice is harmless");
+    rooms.joined(&arena, NodeId(3)).await.expect("joined");
+    assert_eq!(sorted(other_node.nodes(&lobby).await.expect("nodes")), vec![NodeId(1), NodeId(2)]);
+    rooms.left(&lobby, NodeId(1)).await.expect("left");
+    assert_eq!(rooms.nodes(&lobby).await.expect("nodes"), vec![NodeId(2)]);
+    other_node.left(&lobby, NodeId(2)).await.expect("left");
+    assert!(rooms.nodes(&lobby).await.expect("nodes").is_empty());
+    assert_eq!(rooms.nodes(&arena).await.expect("nodes"), vec![NodeId(3)], "other rooms are untouched");
+}
+
+#[tokio::test]
+async fn keys_follow_the_documented_layout() {
+    let scratch = Scratch::new().await;
+    scratch.routes().login(route("ann", "phone", 4, 9)).await.expect("login");
+    let rooms = RedisRoomDirectory::new(scratch.redis.clone(), scratch.keys.clone(), PATIENT);
+    rooms.joined(&ConversationId::parse("room:lobby").expect("valid"), NodeId(4)).await.expect("joined");
+    let dedup = scratch.dedup(MarkLifetimes::with_ttl(Duration::from_secs(600)));
+    assert!(matches!(dedup.try_mark(&user("ann"), &client_msg_id(7)).await, Mark::Fresh));
+    let mark = "dedup:{u:ann}:00000000-0000-4000-8000-000000000007";
+    let expected: BTreeSet<String> =
+        ["route:{u:ann}", "route:gw:{n:4}", "room:{r:lobby}:nodes", mark].map(str::to_owned).into();
+    assert_eq!(scratch.keys_written(), expected);
+    let pending_ttl = scratch.ttl_ms(mark);
+    assert!((1..=30_000).contains(&pending_ttl), "a pending mark lives at most 30 s: {pending_ttl} ms");
+    dedup.complete(&user("ann"), &client_msg_id(7), outcome(1)).await;
+    let stored_ttl = scratch.ttl_ms(mark);
+    assert!((30_001..=600_000).contains(&stored_ttl), "a stored mark lives the dedup TTL: {stored_ttl} ms");
+    assert_eq!(scratch.ttl_ms("route:{u:ann}"), -1, "routes live until logout or drop_node");
+}
+
+/// A TCP proxy to Redis that can stop passing Redis's answers on (`frozen`), as a Redis
+/// that stalls would; returns the URL to connect through it.
+async fn freezable_proxy(url: &str, frozen: Arc<AtomicBool>) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a redis:// URL");
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    let (userinfo, target) = authority.rsplit_once('@').map_or(("", authority), |(u, t)| (u, t));
+    let target = target.to_owned();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+    let address = listener.local_addr().expect("proxy address");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(&target).await else { return };
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut client_read, &mut server_write).await });
+            let frozen = Arc::clone(&frozen);
+            tokio::spawn(async move {
+                let mut buffer = vec![0; 16 * 1024];
+                while let Ok(read @ 1..) = server_read.read(&mut buffer).await {
+                    while frozen.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    if client_write.write_all(&buffer[..read]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let at = if userinfo.is_empty() { String::new() } else { format!("{userinfo}@") };
+    format!("{scheme}://{at}{address}/{path}")
+}
+
+#[tokio::test]
+async fn a_stalled_redis_fails_each_call_within_its_deadline() {
+    let scratch = Scratch::new().await;
+    let frozen = Arc::new(AtomicBool::new(false));
+    let redis = connect(&freezable_proxy(&scratch.url, Arc::clone(&frozen)).await).await;
+    let timeouts = RedisTimeouts { lookup: Duration::from_millis(50), write: Duration::from_millis(100) };
+    let table = RedisRouteTable::new(redis.clone(), scratch.keys.clone(), timeouts);
+    let rooms = RedisRoomDirectory::new(redis.clone(), scratch.keys.clone(), timeouts);
+    let dedup =
+        RedisDedup::new(redis, scratch.keys.clone(), timeouts, MarkLifetimes::with_ttl(Duration::from_secs(60)));
+    let (ann, lobby) = (user("ann"), ConversationId::parse("room:lobby").expect("valid"));
+    table.login(route("ann", "phone", 1, 1)).await.expect("login while Redis answers");
+
+    frozen.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let RouteError(lookup) = table.devices_of(std::slice::from_ref(&ann)).await.expect_err("a stalled lookup fails");
+    assert_eq!(lookup, "Redis did not answer route lookup within 50ms");
+    let RouteError(login) = table.login(route("ann", "laptop", 1, 2)).await.expect_err("a stalled login fails");
+    assert!(login.contains("Redis") && login.contains("route login"), "{login}");
+    let RouteError(nodes) = rooms.nodes(&lobby).await.expect_err("a stalled room lookup fails");
+    assert!(nodes.contains("room nodes lookup"), "{nodes}");
+    assert!(
+        matches!(dedup.try_mark(&ann, &client_msg_id(8)).await, Mark::Fresh),
+        "a mark that cannot be taken lets the send through to the unique index"
+    );
+    dedup.complete(&ann, &client_msg_id(8), outcome(1)).await;
+    assert!(started.elapsed() < Duration::from_secs(2), "the calls took {:?}", started.elapsed());
+
+    // Once Redis answers again, so does the same connection (its first answers may still
+    // be late on a busy machine: the held replies drain first).
+    frozen.store(false, Ordering::SeqCst);
+    let thawed = Instant::now();
+    let found = loop {
+        match table.devices_of(std::slice::from_ref(&ann)).await {
+            Ok(found) => break found,
+            Err(error) => assert!(thawed.elapsed() < WAIT, "lookups never worked again: {error}"),
+        }
+    };
+    assert_eq!(places(&found, "ann"), vec![("phone".to_owned(), 1, 1)]);
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_fails_to_connect_with_a_clear_message() {
+    let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind").local_addr().expect("address");
+    let url = format!("redis://:secret@{closed}/0");
+    let started = Instant::now();
+    let error = RedisConnection::connect(&url, Duration::from_millis(500)).await.err().expect("nothing listens there");
+    let message = error.to_string();
+    assert!(message.starts_with(&format!("cannot connect to Redis at redis://***@{closed}/0")), "{message}");
+    assert!(!message.contains("secret"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+}
