@@ -1,10 +1,11 @@
-//! Compiles `herald/v1/*.proto` into Rust types (prost) and their canonical JSON mapping
-//! (pbjson), all in pure Rust: no `protoc`, nothing fetched at build time.
+//! Compiles `herald/v1/*.proto` into Rust types (prost) and, for the client frames, their
+//! canonical JSON mapping (pbjson), all in pure Rust: no `protoc`, nothing fetched at build
+//! time. The node-to-node frames (`peer.proto`) are protobuf only.
 
 use std::{env, error::Error, path::PathBuf};
 
 const PROTO_ROOT: &str = "herald";
-const PROTO_FILES: &[&str] = &["herald/v1/frames.proto"];
+const PROTO_FILES: &[&str] = &["herald/v1/frames.proto", "herald/v1/peer.proto"];
 
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed={PROTO_ROOT}");

@@ -66,6 +66,32 @@ impl KeyPrefix {
         let name = room.as_str().strip_prefix("room:").unwrap_or(room.as_str());
         format!("{}room:{{r:{name}}}:nodes", self.0)
     }
+
+    /// `node:{cluster}:leases`: a sorted set of the leased node ids, each scored by its
+    /// lease's expiry in Redis's own clock (ms). One tag for every membership key, so each
+    /// membership script touches one slot.
+    pub(crate) fn node_leases(&self) -> String {
+        format!("{}node:{{cluster}}:leases", self.0)
+    }
+
+    /// `node:{cluster}:holders`: a hash of node id → `<advertise>|<instance>`, who holds each
+    /// lease and where peers reach it.
+    pub(crate) fn node_holders(&self) -> String {
+        format!("{}node:{{cluster}}:holders", self.0)
+    }
+
+    /// `node:{cluster}:epoch`: the counter every membership change increments, naming the
+    /// ring in force.
+    pub(crate) fn cluster_epoch(&self) -> String {
+        format!("{}node:{{cluster}}:epoch", self.0)
+    }
+
+    /// `node:{cluster}:generation`: a random name of Redis's current data set, written by
+    /// the first membership step after it was created or lost, so a node can tell a lease
+    /// Redis forgot from one that lapsed.
+    pub(crate) fn cluster_generation(&self) -> String {
+        format!("{}node:{{cluster}}:generation", self.0)
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +118,14 @@ mod tests {
         assert_eq!(keys.gateway(NodeId(7)), "herald:route:gw:{n:7}");
         let lobby = ConversationId::parse("room:lobby").expect("valid");
         assert_eq!(keys.room_nodes(&lobby), "herald:room:{r:lobby}:nodes");
+    }
+
+    #[test]
+    fn membership_keys_share_one_slot() {
+        let keys = KeyPrefix::default();
+        let all = [keys.node_leases(), keys.node_holders(), keys.cluster_epoch(), keys.cluster_generation()];
+        assert_eq!(all[0], "herald:node:{cluster}:leases");
+        assert!(all.iter().all(|key| hash_tag(key) == "cluster"), "{all:?}");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! | [`RouteTable`](crate::routing::RouteTable) | `MemoryRouteTable` | [`RedisRouteTable`] |
 //! | [`RoomDirectory`](crate::routing::rooms::RoomDirectory) | `MemoryRoomDirectory` | [`RedisRoomDirectory`] |
 //! | [`DedupMarks`](crate::pipeline::dedup::DedupMarks) | `LocalDedup` | [`RedisDedup`] |
+//! | [`NodeBus`](crate::routing::bus::NodeBus) | `LocalBus` | [`peer::PeerBus`]: TCP links between nodes, not Redis |
 //!
 //! `node.rs` picks one implementation per seam once, at start-up, when `cluster.redis_url`
 //! is set (ARCHITECTURE.md §5); nothing above the seams asks which mode it runs in. All
@@ -29,6 +30,10 @@
 //! | `route:gw:{n:<node>}` | set | `<user>\|<device>\|<connection>` of every route the node wrote | none: emptied by [`RedisRouteTable::drop_node`] |
 //! | `dedup:{u:<user>}:<client_msg_id>` | string | `pending`, then `stored\|<message_id>\|<seq>\|<conversation>` | `pending`: [`MarkLifetimes::pending_ttl`]; stored: [`MarkLifetimes::ttl`] |
 //! | `room:{r:<room>}:nodes` | set | the nodes with subscribers of the room | none: the last subscriber leaving removes the node |
+//! | `node:{cluster}:leases` | sorted set | each leased node id, scored by its lease's expiry (ms, Redis's clock) | none: lapsed entries are removed by [`membership`]'s view script |
+//! | `node:{cluster}:holders` | hash | node id → `<advertise>\|<instance token>` | none: removed with the lease |
+//! | `node:{cluster}:epoch` | string | the counter every membership change increments | none |
+//! | `node:{cluster}:generation` | string | a random name of Redis's data set, to tell a forgotten lease from a lapsed one | none |
 //!
 //! Names are `[A-Za-z0-9._@-]` (model.rs), so a name never contains `{`, `}`, `|` or `:`
 //! and cannot break a hash tag or a field encoding.
@@ -44,6 +49,8 @@
 
 pub mod connection;
 pub mod keys;
+pub mod membership;
+pub mod peer;
 pub mod redis_dedup;
 pub mod redis_rooms;
 pub mod redis_routes;

@@ -57,6 +57,8 @@ pub enum SendError {
     ShuttingDown,
     #[error("conversation owned by node {owner}, which is not reachable from here")]
     OwnerUnreachable { owner: NodeId, cause: BusError },
+    #[error("forwarded to this node, which no longer owns the conversation (node {owner} does); retry")]
+    NotOwner { owner: NodeId },
     #[error("the original send failed; retry")]
     OriginalFailed,
     #[error("the original send was abandoned; retry")]
@@ -248,6 +250,11 @@ impl Pipeline {
         if let Some(owner) =
             self.router.send_owner(&request.origin.user, &conversation).await.filter(|&owner| owner != this_node)
         {
+            if request.origin.node != this_node {
+                // Forwarded here, but the ring moved on meanwhile: one hop only, so two nodes
+                // whose views differ for a moment never pass a send back and forth.
+                return Admission::Done(refused(&request, &SendError::NotOwner { owner }));
+            }
             return Admission::Wait(Box::pin(Arc::clone(self).forward(owner, request)));
         }
         let sender = request.origin.user.clone();

@@ -212,3 +212,21 @@ async fn a_send_another_node_owns_is_answered_by_that_node() {
     assert_eq!((ack.to, ack.rid, ack.ack), (answer.to, answer.rid, answer.ack), "the owner's answer, unchanged");
     assert!(kit.stored(DM).await.is_empty(), "stored by the owner, not here");
 }
+
+/// A send forwarded here by another node, for a conversation this node's ring now gives to a
+/// third: answered RETRY, not forwarded again (one hop only), and nothing is stored.
+#[tokio::test]
+async fn a_forwarded_send_this_node_no_longer_owns_is_not_forwarded_again() {
+    let third = NodeId(THIS_NODE.0 + 2);
+    let bus = Arc::new(RecordingBus::default());
+    let kit = Kit::with(Options { ring: vec![third], bus: Arc::clone(&bus) as _, ..Options::default() }).await;
+    let mut forwarded = request("alice", "phone", DM, &uuid(), "hop");
+    forwarded.origin.node = NodeId(THIS_NODE.0 + 1);
+
+    let ack = kit.send(forwarded).await;
+
+    assert_eq!(ack.ack.status(), Status::Retry);
+    assert!(ack.ack.reason.contains(&format!("node {third}")), "{}", ack.ack.reason);
+    assert!(bus.calls().is_empty(), "not passed on: {:?}", bus.calls());
+    assert!(kit.stored(DM).await.is_empty());
+}

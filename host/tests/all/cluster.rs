@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use herald_host::cluster::{
-    KeyPrefix, MarkLifetimes, RedisConnection, RedisDedup, RedisRoomDirectory, RedisRouteTable, RedisTimeouts,
+    MarkLifetimes, RedisConnection, RedisDedup, RedisRoomDirectory, RedisRouteTable, RedisTimeouts,
 };
 use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, NodeId, UserId};
 use herald_host::pipeline::SendError;
@@ -19,9 +19,12 @@ use herald_host::pipeline::dedup::{DedupMarks, Mark, Outcome};
 use herald_host::routing::RouteTable;
 use herald_host::routing::rooms::RoomDirectory;
 use herald_host::routing::{Route, RouteError};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+
 use tokio::time::Instant;
+
+use tokio::net::TcpListener;
+
+use crate::redis_scratch::{Scratch, connect, partitionable_proxy};
 
 /// Deadlines for the tests that are not about deadlines: generous, as the machine is shared
 /// by many tests at once.
@@ -30,89 +33,13 @@ const PATIENT: RedisTimeouts = RedisTimeouts { lookup: Duration::from_secs(2), w
 /// The longest anything that should happen promptly may take.
 const WAIT: Duration = Duration::from_secs(5);
 
-fn redis_url() -> String {
-    std::env::var("HERALD_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
-}
-
-/// Connects to `url` or fails the test saying how to get a Redis.
-async fn connect(url: &str) -> RedisConnection {
-    RedisConnection::connect(url, Duration::from_secs(3)).await.unwrap_or_else(|error| {
-        panic!(
-            "{error}. These tests need a real Redis: start one (redis-server --daemonize yes --port 6379 \
-             --save '' --appendonly no) or set HERALD_TEST_REDIS_URL to one"
-        )
-    })
-}
-
-/// One test's corner of Redis: a unique key prefix, and its keys deleted on drop (even
-/// when the test panics).
-struct Scratch {
-    url: String,
-    keys: KeyPrefix,
-    redis: RedisConnection,
-}
-
 impl Scratch {
-    async fn new() -> Self {
-        let url = redis_url();
-        let redis = connect(&url).await;
-        let keys = KeyPrefix::new(&format!("test:{:016x}:", rand::random::<u64>())).expect("a valid prefix");
-        Self { url, keys, redis }
-    }
-
     fn routes(&self) -> RedisRouteTable {
         RedisRouteTable::new(self.redis.clone(), self.keys.clone(), PATIENT)
     }
 
     fn dedup(&self, lifetimes: MarkLifetimes) -> RedisDedup {
         RedisDedup::new(self.redis.clone(), self.keys.clone(), PATIENT, lifetimes)
-    }
-
-    /// Every key under this test's prefix, without the prefix.
-    fn keys_written(&self) -> BTreeSet<String> {
-        let mut redis = self.plain_connection();
-        scan(&mut redis, self.keys.as_str()).iter().map(|key| key[self.keys.as_str().len()..].to_owned()).collect()
-    }
-
-    /// The TTL of one of this test's keys, in ms (-1: none, -2: no such key).
-    fn ttl_ms(&self, key: &str) -> i64 {
-        let mut redis = self.plain_connection();
-        redis::cmd("PTTL").arg(format!("{}{key}", self.keys.as_str())).query(&mut redis).expect("PTTL")
-    }
-
-    fn plain_connection(&self) -> redis::Connection {
-        redis::Client::open(self.url.as_str()).and_then(|client| client.get_connection()).expect("a plain connection")
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let Ok(mut redis) = redis::Client::open(self.url.as_str()).and_then(|client| client.get_connection()) else {
-            return;
-        };
-        for chunk in scan(&mut redis, self.keys.as_str()).chunks(500) {
-            let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query(&mut redis);
-        }
-    }
-}
-
-/// Every key starting with `prefix` (which holds no glob characters).
-fn scan(redis: &mut redis::Connection, prefix: &str) -> Vec<String> {
-    let (mut cursor, mut keys) = (0_u64, Vec::new());
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query(redis)
-            .expect("SCAN");
-        keys.extend(batch);
-        if next == 0 {
-            return keys;
-        }
-        cursor = next;
     }
 }
 
@@ -381,44 +308,11 @@ async fn keys_follow_the_documented_layout() {
     assert_eq!(scratch.ttl_ms("route:{u:ann}"), -1, "routes live until logout or drop_node");
 }
 
-/// A TCP proxy to Redis that can stop passing Redis's answers on (`frozen`), as a Redis
-/// that stalls would; returns the URL to connect through it.
-async fn freezable_proxy(url: &str, frozen: Arc<AtomicBool>) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a redis:// URL");
-    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
-    let (userinfo, target) = authority.rsplit_once('@').map_or(("", authority), |(u, t)| (u, t));
-    let target = target.to_owned();
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
-    let address = listener.local_addr().expect("proxy address");
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = TcpStream::connect(&target).await else { return };
-            let (mut client_read, mut client_write) = client.into_split();
-            let (mut server_read, mut server_write) = server.into_split();
-            tokio::spawn(async move { tokio::io::copy(&mut client_read, &mut server_write).await });
-            let frozen = Arc::clone(&frozen);
-            tokio::spawn(async move {
-                let mut buffer = vec![0; 16 * 1024];
-                while let Ok(read @ 1..) = server_read.read(&mut buffer).await {
-                    while frozen.load(Ordering::SeqCst) {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    if client_write.write_all(&buffer[..read]).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    let at = if userinfo.is_empty() { String::new() } else { format!("{userinfo}@") };
-    format!("{scheme}://{at}{address}/{path}")
-}
-
 #[tokio::test]
 async fn a_stalled_redis_fails_each_call_within_its_deadline() {
     let scratch = Scratch::new().await;
     let frozen = Arc::new(AtomicBool::new(false));
-    let redis = connect(&freezable_proxy(&scratch.url, Arc::clone(&frozen)).await).await;
+    let redis = connect(&partitionable_proxy(&scratch.url, Arc::clone(&frozen)).await).await;
     let timeouts = RedisTimeouts { lookup: Duration::from_millis(50), write: Duration::from_millis(100) };
     let table = RedisRouteTable::new(redis.clone(), scratch.keys.clone(), timeouts);
     let rooms = RedisRoomDirectory::new(redis.clone(), scratch.keys.clone(), timeouts);

@@ -5,8 +5,11 @@
 mod allocator;
 mod cli;
 mod cluster;
+mod cluster_membership;
 mod in_process;
 mod layering;
 mod messaging;
+mod peer;
+mod redis_scratch;
 mod storage;
 mod support;

@@ -1,0 +1,244 @@
+//! [`PeerBus`]: the calling side of the node-to-node links, cluster mode's
+//! [`NodeBus`].
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use herald_proto::peer::v1::request::Kind as WireKind;
+use herald_proto::peer::v1::response::Outcome;
+use herald_proto::peer::v1::{Failure, InFlight};
+use tokio::time::Instant;
+
+use super::link::Link;
+use super::{Kind, PeerAddresses, PeerSecret, PeerTimeouts, wire};
+use crate::model::{ConversationId, Message, NodeId, UserId};
+use crate::routing::Route;
+use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
+
+/// Cluster mode's [`NodeBus`]: one multiplexed link per peer, opened on first use.
+///
+/// Use it rather than [`LocalBus`](crate::routing::bus::LocalBus) whenever the ring can
+/// name another node. Every call ends within its deadline ([`PeerTimeouts`]); a peer that
+/// cannot be reached fails calls at once until its backoff has passed.
+pub struct PeerBus {
+    /// This node, as it introduces itself.
+    local: NodeId,
+    /// Proves this node to its peers.
+    secret: PeerSecret,
+    /// Where each peer is; asked on every call, so a node that moved is found.
+    addresses: Arc<dyn PeerAddresses>,
+    timeouts: PeerTimeouts,
+    /// Every peer called so far, with its link.
+    peers: Mutex<HashMap<NodeId, Arc<Peer>>>,
+}
+
+/// One peer as this node calls it.
+#[derive(Default)]
+struct Peer {
+    /// The open link, read without locking on every call.
+    link: ArcSwapOption<Link>,
+    /// Held while a link is opened, so concurrent callers wait for one attempt rather than
+    /// each making their own; holds the backoff after failed attempts.
+    opening: tokio::sync::Mutex<Backoff>,
+}
+
+/// Failed attempts to open a link to one peer, in a row.
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+    /// The address that failed; another address is tried at once.
+    address: Option<SocketAddr>,
+    /// No attempt before this.
+    retry_at: Option<Instant>,
+    /// Why the last attempt failed, repeated to the calls refused meanwhile.
+    last_error: String,
+}
+
+impl PeerBus {
+    /// A bus for node `local`, proving itself with `secret`, finding peers through
+    /// `addresses`. Opens nothing until the first call.
+    pub fn new(local: NodeId, secret: PeerSecret, addresses: Arc<dyn PeerAddresses>, timeouts: PeerTimeouts) -> Self {
+        Self { local, secret, addresses, timeouts, peers: Mutex::new(HashMap::new()) }
+    }
+
+    fn peer(&self, node: NodeId) -> Arc<Peer> {
+        let mut peers = self.peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(peers.entry(node).or_default())
+    }
+
+    /// The open link to `node`, opening one if there is none (or it closed, or the node
+    /// moved) and the backoff allows.
+    async fn link(&self, node: NodeId) -> Result<Arc<Link>, BusError> {
+        let address = self.addresses.address_of(node).ok_or(BusError::Unreachable(node))?;
+        let peer = self.peer(node);
+        let usable =
+            |link: &Option<Arc<Link>>| link.as_ref().filter(|l| l.is_open() && l.address() == address).cloned();
+        if let Some(link) = usable(&peer.link.load_full()) {
+            return Ok(link);
+        }
+        let mut backoff = peer.opening.lock().await;
+        // Another caller may have opened it while this one waited.
+        if let Some(link) = usable(&peer.link.load_full()) {
+            return Ok(link);
+        }
+        let now = Instant::now();
+        if backoff.address == Some(address)
+            && let Some(retry_at) = backoff.retry_at.filter(|&at| at > now)
+        {
+            let wait = retry_at - now;
+            return Err(BusError::Failed { node, reason: format!("{}; next attempt in {wait:?}", backoff.last_error) });
+        }
+        peer.link.store(None);
+        // Counted as failed until it succeeds: an attempt cut short by this call's deadline
+        // (a peer that drops packets) then holds the next callers off like any failure,
+        // instead of each of them spending its whole deadline on a new attempt.
+        let previous = backoff.failures > 0;
+        backoff.failures = backoff.failures.saturating_add(1);
+        backoff.address = Some(address);
+        backoff.retry_at = Some(now + self.reconnect_delay(backoff.failures));
+        backoff.last_error = format!("opening a link to node {node} at {address} did not finish in time");
+        match Link::open(node, address, self.local, &self.secret, self.timeouts.connect).await {
+            Ok(link) => {
+                let link = Arc::new(link);
+                peer.link.store(Some(Arc::clone(&link)));
+                if previous {
+                    tracing::info!(%node, %address, "peer link open again");
+                }
+                *backoff = Backoff::default();
+                Ok(link)
+            }
+            Err(reason) => {
+                backoff.last_error.clone_from(&reason);
+                tracing::warn!(%node, %address, failures = backoff.failures, %reason, "cannot open a peer link");
+                Err(BusError::Failed { node, reason })
+            }
+        }
+    }
+
+    /// How long to wait after `failures` failed attempts in a row: doubling from
+    /// `reconnect_min` up to `reconnect_max`, plus up to a fifth more so that nodes which
+    /// lost a peer together do not all retry at the same instant.
+    fn reconnect_delay(&self, failures: u32) -> Duration {
+        let doubled = self.timeouts.reconnect_min.saturating_mul(1 << failures.saturating_sub(1).min(16));
+        let delay = doubled.min(self.timeouts.reconnect_max.max(self.timeouts.reconnect_min));
+        delay + delay.mul_f64(rand::random::<f64>() / 5.0)
+    }
+
+    /// Sends one request to `node` and waits for its outcome, all within the deadline of
+    /// its kind.
+    async fn call(&self, node: NodeId, kind: Kind, request: WireKind) -> Result<Outcome, BusError> {
+        let deadline = match kind {
+            Kind::ForwardSend => self.timeouts.forward_send,
+            _ => self.timeouts.request,
+        };
+        let exchange = async {
+            let link = self.link(node).await?;
+            match link.call(request).await {
+                Ok(Some(Outcome::Failure(Failure { message, .. }))) => {
+                    Err(BusError::Failed { node, reason: format!("node {node} refused the request: {message}") })
+                }
+                Ok(Some(outcome)) => Ok(outcome),
+                Ok(None) => {
+                    Err(BusError::Failed { node, reason: format!("node {node} answered in a form unknown here") })
+                }
+                Err(reason) => Err(BusError::Failed { node, reason }),
+            }
+        };
+        let (result, outcome) = match tokio::time::timeout(deadline, exchange).await {
+            Ok(Ok(answer)) => (Ok(answer), "ok"),
+            Ok(Err(error @ BusError::Unreachable(_))) => (Err(error), "unreachable"),
+            Ok(Err(error)) => (Err(error), "failed"),
+            Err(_) => {
+                let reason = format!("node {node} did not answer {} within {deadline:?}", kind.name());
+                (Err(BusError::Failed { node, reason }), "timeout")
+            }
+        };
+        metrics::counter!("herald_cluster_peer_requests_total", "kind" => kind.name(), "outcome" => outcome)
+            .increment(1);
+        result
+    }
+}
+
+/// A response that does not belong to the request it answers.
+fn unexpected(node: NodeId, kind: Kind) -> BusError {
+    BusError::Failed { node, reason: format!("node {node} answered {} with something else", kind.name()) }
+}
+
+/// Expects a request's plain completion.
+fn done(node: NodeId, kind: Kind, outcome: Outcome) -> Result<(), BusError> {
+    match outcome {
+        Outcome::Done(_) => Ok(()),
+        _ => Err(unexpected(node, kind)),
+    }
+}
+
+#[async_trait]
+impl NodeBus for PeerBus {
+    async fn forward_send(&self, owner: NodeId, request: SendRequest) -> Result<SendAck, BusError> {
+        match self.call(owner, Kind::ForwardSend, wire::forward_send(&request)).await? {
+            Outcome::SendAck(ack) => Ok(SendAck { to: request.origin, rid: request.rid, ack }),
+            _ => Err(unexpected(owner, Kind::ForwardSend)),
+        }
+    }
+
+    async fn deliver(&self, node: NodeId, message: Arc<Message>, users: Vec<UserId>) -> Result<(), BusError> {
+        let outcome = self.call(node, Kind::Deliver, wire::deliver(&message, &users)).await?;
+        done(node, Kind::Deliver, outcome)
+    }
+
+    async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), BusError> {
+        // Built once; each copy shares the body's bytes.
+        let request = wire::publish_room(&message);
+        let calls = nodes.iter().map(|&node| {
+            let request = request.clone();
+            async move { done(node, Kind::PublishRoom, self.call(node, Kind::PublishRoom, request).await?) }
+        });
+        join_all(calls).await.into_iter().find_map(Result::err).map_or(Ok(()), Err)
+    }
+
+    async fn kick(&self, route: &Route) -> Result<(), BusError> {
+        let outcome = self.call(route.node, Kind::Kick, wire::kick(route)).await?;
+        done(route.node, Kind::Kick, outcome)
+    }
+
+    async fn lowest_in_flight(&self, owner: NodeId, conversation: &ConversationId) -> Result<Option<u64>, BusError> {
+        match self.call(owner, Kind::LowestInFlight, wire::lowest_in_flight(conversation)).await? {
+            Outcome::InFlight(InFlight { seq }) => Ok(seq),
+            _ => Err(unexpected(owner, Kind::LowestInFlight)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nowhere;
+
+    impl PeerAddresses for Nowhere {
+        fn address_of(&self, _node: NodeId) -> Option<SocketAddr> {
+            None
+        }
+    }
+
+    #[test]
+    fn reconnect_delays_double_from_the_least_up_to_the_most() {
+        let timeouts = PeerTimeouts {
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_secs(1),
+            ..PeerTimeouts::default()
+        };
+        let secret = PeerSecret::new("s").expect("not empty");
+        let bus = PeerBus::new(NodeId(1), secret, Arc::new(Nowhere), timeouts);
+        for (failures, least_ms) in [(1, 100), (2, 200), (3, 400), (4, 800), (5, 1000), (u32::MAX, 1000)] {
+            let delay = bus.reconnect_delay(failures);
+            let least = Duration::from_millis(least_ms);
+            assert!(delay >= least && delay <= least.mul_f64(1.2), "{failures} failures: {delay:?}");
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! One open link to a peer, as its caller holds it: requests out, responses matched back to
+//! their requests by id.
+//!
+//! Two tasks serve a link: a writer that drains the queue of outgoing frames, and a reader
+//! that hands each response to the request waiting for it. When either ends, the link is
+//! closed: every request waiting on it fails at once with the reason, and none can start on
+//! it any more ([`Link::is_open`] turns false, and [`PeerBus`](super::PeerBus) opens a new
+//! one on the next call).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use herald_proto::peer::v1::{PeerFrame, Request, peer_frame::Body, request::Kind as WireKind, response::Outcome};
+use tokio::io::BufReader;
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::sync::{mpsc, oneshot};
+
+use super::frame::{self, AbortOnDrop, FrameError, MAX_FRAME_BYTES, Outgoing};
+use super::{PeerSecret, handshake};
+use crate::model::NodeId;
+
+/// Frames waiting for a link's writer. A caller finding it full waits, within its deadline:
+/// that is the link's backpressure.
+const OUTBOUND_QUEUE: usize = 1024;
+
+/// What a request waits for: the peer's outcome (`None`: one this build does not know), or
+/// why the link closed under it.
+type Answer = Result<Option<Outcome>, String>;
+
+/// A link open to one peer.
+pub(super) struct Link {
+    /// The peer's address when the link was opened; a new address means a new link.
+    address: SocketAddr,
+    /// The id of the next request; ids are never reused on a link.
+    next_id: AtomicU64,
+    /// To the writer task.
+    outbound: mpsc::Sender<Outgoing>,
+    /// Requests waiting for their response.
+    pending: Arc<Pending>,
+    /// The reader and writer tasks, stopped when the link is dropped.
+    _tasks: [AbortOnDrop; 2],
+}
+
+impl Link {
+    /// Connects to `node` at `address` and completes the handshake, within `limit`.
+    ///
+    /// # Errors
+    /// Why the link could not be opened, phrased for the operator.
+    pub(super) async fn open(
+        node: NodeId,
+        address: SocketAddr,
+        local: NodeId,
+        secret: &PeerSecret,
+        limit: Duration,
+    ) -> Result<Self, String> {
+        let opening = async {
+            let mut stream = TcpStream::connect(address)
+                .await
+                .map_err(|error| format!("cannot connect to node {node} at {address}: {error}"))?;
+            // Requests are small and latency matters more than packet count.
+            let _ = stream.set_nodelay(true);
+            handshake::introduce(&mut stream, address, local, node, secret).await?;
+            Ok::<_, String>(stream)
+        };
+        let stream = tokio::time::timeout(limit, opening)
+            .await
+            .map_err(|_| format!("node {node} at {address} did not complete a handshake within {limit:?}"))??;
+        let (read, write) = stream.into_split();
+        let (outbound, queue) = mpsc::channel(OUTBOUND_QUEUE);
+        let pending = Arc::new(Pending::default());
+        let writer = tokio::spawn({
+            let pending = Arc::clone(&pending);
+            async move {
+                let reason = match frame::write_queue(write, queue).await {
+                    Ok(()) => format!("the link to node {node} was closed"),
+                    Err(error) => format!("writing to node {node} failed: {error}"),
+                };
+                pending.close(reason);
+            }
+        });
+        let writer = AbortOnDrop(writer.abort_handle());
+        let reader = tokio::spawn(read_responses(node, BufReader::new(read), Arc::clone(&pending)));
+        let reader = AbortOnDrop(reader.abort_handle());
+        Ok(Self { address, next_id: AtomicU64::new(1), outbound, pending, _tasks: [reader, writer] })
+    }
+
+    /// Whether requests can still be sent on this link.
+    pub(super) fn is_open(&self) -> bool {
+        !self.pending.is_closed()
+    }
+
+    pub(super) fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Sends one request and waits for its outcome; the caller bounds the wait.
+    ///
+    /// # Errors
+    /// Why no outcome came: the request is too large for a frame, or the link closed.
+    pub(super) async fn call(&self, kind: WireKind) -> Answer {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = PeerFrame { body: Some(Body::Request(Request { id, kind: Some(kind) })) };
+        let frame = frame::encode(&frame).map_err(|error| format!("the request cannot be sent: {error}"))?;
+        let answer = self.pending.register(id)?;
+        // Removes the entry if this call is dropped (its deadline passed) before an answer.
+        let _waiting = Waiting { pending: &self.pending, id };
+        if self.outbound.send(Outgoing { frame, written: None }).await.is_err() {
+            return Err(self.pending.reason());
+        }
+        answer.await.unwrap_or_else(|_| Err(self.pending.reason()))
+    }
+}
+
+/// Reads responses until the link ends, then closes it.
+async fn read_responses(node: NodeId, mut reader: BufReader<OwnedReadHalf>, pending: Arc<Pending>) {
+    let reason = loop {
+        match frame::read(&mut reader, MAX_FRAME_BYTES).await {
+            Ok(PeerFrame { body: Some(Body::Response(response)) }) => pending.answer(response.id, response.outcome),
+            Ok(_) => {
+                tracing::warn!(%node, "a peer sent a frame that is not a response; closing the link");
+                break format!("node {node} broke the link protocol (a frame that is not a response)");
+            }
+            Err(FrameError::Closed) => break format!("node {node} closed the link"),
+            Err(error) => {
+                tracing::warn!(%node, %error, "reading from a peer failed; closing the link");
+                break format!("the link to node {node} failed: {error}");
+            }
+        }
+    };
+    pending.close(reason);
+}
+
+/// The requests in flight on a link, and whether it closed.
+#[derive(Default)]
+struct Pending {
+    state: Mutex<PendingState>,
+}
+
+#[derive(Default)]
+struct PendingState {
+    /// Why the link closed; set once, after which nothing waits on it.
+    closed: Option<String>,
+    /// Each request in flight, by id.
+    waiting: HashMap<u64, oneshot::Sender<Answer>>,
+}
+
+impl Pending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PendingState> {
+        // A panic elsewhere cannot leave the map half-updated: each step is one insert or
+        // remove. Keep serving with what is there.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits for `id`'s response, unless the link has closed.
+    fn register(&self, id: u64) -> Result<oneshot::Receiver<Answer>, String> {
+        let mut state = self.lock();
+        if let Some(reason) = &state.closed {
+            return Err(reason.clone());
+        }
+        let (sender, receiver) = oneshot::channel();
+        state.waiting.insert(id, sender);
+        Ok(receiver)
+    }
+
+    /// Hands a response to its request; one nobody waits for any more (it timed out) is
+    /// dropped.
+    fn answer(&self, id: u64, outcome: Option<Outcome>) {
+        if let Some(waiting) = self.lock().waiting.remove(&id) {
+            let _ = waiting.send(Ok(outcome));
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        self.lock().waiting.remove(&id);
+    }
+
+    /// Closes the link: every waiting request fails with `reason`, and no new one starts.
+    fn close(&self, reason: String) {
+        let waiting = {
+            let mut state = self.lock();
+            state.closed.get_or_insert(reason.clone());
+            std::mem::take(&mut state.waiting)
+        };
+        for (_, request) in waiting {
+            let _ = request.send(Err(reason.clone()));
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.lock().closed.is_some()
+    }
+
+    fn reason(&self) -> String {
+        self.lock().closed.clone().unwrap_or_else(|| "the link closed".to_owned())
+    }
+}
+
+/// Forgets a request when its caller stops waiting.
+struct Waiting<'a> {
+    pending: &'a Pending,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.pending.forget(self.id);
+    }
+}

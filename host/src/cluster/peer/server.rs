@@ -1,0 +1,191 @@
+//! [`PeerServer`]: the called side of the node-to-node links.
+//!
+//! Accepts links on `cluster.peer_listen`, admits those whose caller proves it knows
+//! `cluster.secret`, and runs each request in a task of its own through the
+//! [`PeerHandler`], writing its response back on the link whenever it is ready. A link's
+//! reader takes at most [`MAX_IN_FLIGHT`] requests at a time; past that it stops reading,
+//! and TCP slows the caller down.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald_proto::peer::v1::failure::Code;
+use herald_proto::peer::v1::response::Outcome;
+use herald_proto::peer::v1::{Done, Failure, InFlight, PeerFrame, Request, Response, peer_frame::Body};
+use tokio::io::BufReader;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+
+use super::frame::{self, AbortOnDrop, FrameError, MAX_FRAME_BYTES, Outgoing};
+use super::handshake::{self, Rejection};
+use super::wire::Call;
+use super::{PeerHandler, PeerSecret, PeerTimeouts};
+use crate::model::NodeId;
+use crate::pipeline::FanOut;
+
+/// Requests of one link being handled at once.
+const MAX_IN_FLIGHT: usize = 1024;
+
+/// Responses waiting for a link's writer.
+const OUTBOUND_QUEUE: usize = 1024;
+
+/// Pause after a failed accept (out of file descriptors, say), so the loop does not spin.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// Accepts the links other nodes open to this one and answers their requests.
+pub struct PeerServer {
+    /// This node, as it answers challenges.
+    node: NodeId,
+    /// What callers must prove they know.
+    secret: PeerSecret,
+    /// Does what the requests ask.
+    handler: Arc<dyn PeerHandler>,
+    timeouts: PeerTimeouts,
+}
+
+impl PeerServer {
+    /// A server for node `node`, admitting callers that know `secret` and handing their
+    /// requests to `handler`. Uses [`PeerTimeouts::hello`] for the handshake and
+    /// [`PeerTimeouts::forward_send`] as the longest wait to write a response.
+    pub fn new(node: NodeId, secret: PeerSecret, handler: Arc<dyn PeerHandler>, timeouts: PeerTimeouts) -> Self {
+        Self { node, secret, handler, timeouts }
+    }
+
+    /// Accepts links on `listener` until `stop` turns true (or its sender is dropped), then
+    /// closes every link and returns. Requests already handed to the handler run to their
+    /// end; their responses are not sent.
+    pub async fn serve(self, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+        let server = Arc::new(self);
+        let mut links = JoinSet::new();
+        // A dropped sender stops the server too: nobody is left to stop it.
+        let stopping = async move {
+            let _ = stop.wait_for(|&stopped| stopped).await;
+        };
+        tokio::pin!(stopping);
+        loop {
+            tokio::select! {
+                () = &mut stopping => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, address)) => {
+                        links.spawn(Arc::clone(&server).serve_link(stream, address));
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "accepting a peer link failed");
+                        tokio::time::sleep(ACCEPT_PAUSE).await;
+                    }
+                },
+                Some(_) = links.join_next(), if !links.is_empty() => {}
+            }
+        }
+        links.shutdown().await;
+    }
+
+    /// Admits one link, then reads its requests until it ends.
+    async fn serve_link(self: Arc<Self>, mut stream: TcpStream, address: SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        let admitted = handshake::admit(&mut stream, self.node, &self.secret);
+        let caller = match tokio::time::timeout(self.timeouts.hello, admitted).await {
+            Ok(Ok(caller)) => caller,
+            Ok(Err(Rejection::Refused { reason, claimed, message })) => {
+                metrics::counter!("herald_cluster_peer_refused_total", "reason" => reason.as_str_name()).increment(1);
+                let claimed = claimed.map(|node| node.0);
+                tracing::warn!(peer = %address, ?claimed, reason = reason.as_str_name(), %message, "refused a peer link");
+                return;
+            }
+            Ok(Err(Rejection::Broken(reason))) => {
+                tracing::debug!(peer = %address, %reason, "a peer link ended during its handshake");
+                return;
+            }
+            Err(_) => {
+                metrics::counter!("herald_cluster_peer_refused_total", "reason" => "HELLO_TIMEOUT").increment(1);
+                tracing::warn!(peer = %address, limit = ?self.timeouts.hello, "dropped a peer link that sent no hello in time");
+                return;
+            }
+        };
+        tracing::info!(peer = %address, node = %caller, "peer link open");
+        let (read, write) = stream.into_split();
+        let (outbound, queue) = mpsc::channel(OUTBOUND_QUEUE);
+        let _writer = AbortOnDrop(tokio::spawn(frame::write_queue(write, queue)).abort_handle());
+        let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+        let mut reader = BufReader::new(read);
+        let broken = loop {
+            let request = match frame::read(&mut reader, MAX_FRAME_BYTES).await {
+                Ok(PeerFrame { body: Some(Body::Request(request)) }) => request,
+                Ok(_) => break Some("a frame that is not a request".to_owned()),
+                Err(FrameError::Closed) => break None,
+                Err(error) => break Some(error.to_string()),
+            };
+            let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { break None };
+            tokio::spawn(Arc::clone(&self).answer(caller, request, outbound.clone(), permit));
+        };
+        match broken {
+            None => tracing::info!(peer = %address, node = %caller, "peer link closed by the caller"),
+            Some(reason) => tracing::warn!(peer = %address, node = %caller, %reason, "peer link closed: broken"),
+        }
+    }
+
+    /// Handles one request and writes its response; then, for a send, runs its fan-out.
+    async fn answer(
+        self: Arc<Self>,
+        caller: NodeId,
+        request: Request,
+        outbound: mpsc::Sender<Outgoing>,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let id = request.id;
+        let (outcome, fan_out) = match Call::decode(request.kind, caller, self.node) {
+            Ok(call) => self.run(call).await,
+            Err(error) => {
+                tracing::warn!(node = %caller, request = id, %error, "refused a malformed peer request");
+                (Outcome::Failure(Failure { code: Code::BadRequest.into(), message: error.to_string() }), None)
+            }
+        };
+        let response = PeerFrame { body: Some(Body::Response(Response { id, outcome: Some(outcome) })) };
+        match frame::encode(&response) {
+            Ok(frame) => {
+                // The ack is on its way before the fan-out starts; a link that broke or
+                // stalled does not keep the fan-out waiting past the forward deadline.
+                let (written, on_written) = oneshot::channel();
+                let sent = async {
+                    if outbound.send(Outgoing { frame, written: Some(written) }).await.is_ok() {
+                        let _ = on_written.await;
+                    }
+                };
+                let _ = tokio::time::timeout(self.timeouts.forward_send, sent).await;
+            }
+            Err(error) => tracing::warn!(node = %caller, request = id, %error, "a peer response cannot be sent"),
+        }
+        drop(permit);
+        if let Some(fan_out) = fan_out {
+            tokio::spawn(fan_out);
+        }
+    }
+
+    /// Hands one request to the handler: its outcome, and the fan-out of a send.
+    async fn run(&self, call: Call) -> (Outcome, Option<FanOut>) {
+        let done = Outcome::Done(Done {});
+        match call {
+            Call::Send(request) => {
+                let settled = self.handler.send(request).await;
+                (Outcome::SendAck(settled.ack.ack), settled.fan_out)
+            }
+            Call::Deliver(message, users) => {
+                self.handler.deliver(message, users).await;
+                (done, None)
+            }
+            Call::PublishRoom(message) => {
+                self.handler.publish_room(message).await;
+                (done, None)
+            }
+            Call::Kick(route) => {
+                self.handler.kick(route).await;
+                (done, None)
+            }
+            Call::LowestInFlight(conversation) => {
+                (Outcome::InFlight(InFlight { seq: self.handler.lowest_in_flight(conversation).await }), None)
+            }
+        }
+    }
+}
