@@ -19,7 +19,7 @@
 //!   route does not exist, which [`drop_node`] skips; the other order could leave a route no
 //!   clean-up would ever find.
 //!
-//! Not here yet: the presence TTL refreshed by heartbeats (seed 002's `route:conn` and
+//! Not here yet: the presence TTL refreshed by heartbeats (a per-connection `route:conn` and
 //! `presence:uid` keys; a per-field TTL needs Redis 7.4's `HEXPIRE`, so the likelier design
 //! is this node's lease plus [`drop_node`] by the survivors, with the gateway's own
 //! heartbeat closing half-open connections), and the short-lived local cache in front of
