@@ -128,6 +128,12 @@ impl ConversationId {
         Self::parse(&format!("dm:{low}:{high}"))
     }
 
+    /// The conversation of a group's members (`grp:<id>`).
+    pub fn group(group: &GroupId) -> Self {
+        // A valid group id under the `grp:` prefix is a valid conversation id.
+        Self(format!("grp:{group}").into())
+    }
+
     /// What kind of conversation this is, and so who its members are.
     pub fn kind(&self) -> ConversationKind {
         // Parsing succeeded at construction, so it succeeds again.
@@ -282,6 +288,14 @@ mod tests {
         let a = UserId::parse("zed").expect("valid");
         let b = UserId::parse("amy").expect("valid");
         assert_eq!(ConversationId::direct(&a, &b).expect("valid").as_str(), "dm:amy:zed");
+    }
+
+    #[test]
+    fn a_group_s_conversation_is_its_id_under_grp() {
+        let team = GroupId::parse("team-7").expect("valid");
+        let conversation = ConversationId::group(&team);
+        assert_eq!(conversation, ConversationId::parse("grp:team-7").expect("valid"));
+        assert!(matches!(conversation.kind(), ConversationKind::Group(group) if group == team));
     }
 
     #[test]

@@ -15,9 +15,6 @@ use crate::delivery::wire_message;
 use crate::model::ConversationId;
 use crate::node::Node;
 
-/// Page size when the request names none.
-const DEFAULT_LIMIT: u32 = 100;
-
 #[derive(Deserialize)]
 pub struct Page {
     #[serde(default)]
@@ -38,7 +35,8 @@ pub async fn messages(
     let Query(page) = page.map_err(|error| ApiError::bad_request(error.body_text()))?;
     let conversation =
         ConversationId::parse(&conversation).map_err(|error| ApiError::bad_request(error.to_string()))?;
-    let limit = page.limit.unwrap_or(DEFAULT_LIMIT).max(1);
+    // No limit: the page size `history` uses (0 asks for it); an explicit 0 means 1.
+    let limit = page.limit.map_or(0, |limit| limit.max(1));
     let read = node.delivery.page(&user, conversation, Span::After(page.after_seq), limit).await;
     let read = read.map_err(|error| match error {
         PullError::Invalid(reason) => ApiError::bad_request(reason),

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{ApiError, require_api_key};
 use crate::membership::GroupChange;
-use crate::model::{GroupId, UserId};
+use crate::model::{ConversationId, GroupId, UserId};
 use crate::node::Node;
 
 /// Most members a group may be created with in one call.
@@ -58,7 +58,10 @@ pub async fn create(
     members.dedup();
     node.membership.create_group(&id, &members, node.clock.now_ms()).await.map_err(change_error)?;
     let names: Vec<&str> = members.iter().map(UserId::as_str).collect();
-    Ok((StatusCode::CREATED, Json(json!({ "id": id.as_str(), "conversation": format!("grp:{id}"), "members": names }))))
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "id": id.as_str(), "conversation": ConversationId::group(&id).as_str(), "members": names })),
+    ))
 }
 
 /// `PUT /v1/groups/{id}/members/{user}` → 204.

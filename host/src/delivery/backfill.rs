@@ -19,11 +19,7 @@ impl Delivery {
     ) -> Result<BTreeMap<ConversationId, u64>, StoreError> {
         let mut all: BTreeSet<ConversationId> =
             self.stores.conversations.user_conversations(user).await?.into_iter().collect();
-        for group in self.stores.groups.groups_of(user).await? {
-            if let Ok(conversation) = ConversationId::parse(&format!("grp:{group}")) {
-                all.insert(conversation);
-            }
-        }
+        all.extend(self.stores.groups.groups_of(user).await?.iter().map(ConversationId::group));
         let mut out: BTreeMap<ConversationId, u64> = all.into_iter().map(|conversation| (conversation, 0)).collect();
         for (conversation, seq) in self.stores.cursors.cursors(user, device).await? {
             if !matches!(conversation.kind(), ConversationKind::Room(_)) {

@@ -149,8 +149,9 @@ impl Delivery {
         for route in routes.values().flatten().filter(|route| route.node != self.reach.this_node) {
             elsewhere.entry(route.node).or_default().insert(route.user.clone());
         }
+        let wire = self.wire_for(&message);
         for user in &members {
-            self.push_here(&message, user, routes.get(user).map_or(&[], Vec::as_slice));
+            self.push_here(&message, wire.as_ref(), user, routes.get(user).map_or(&[], Vec::as_slice));
         }
         for (node, users) in elsewhere {
             let users = users.into_iter().collect();
@@ -170,30 +171,39 @@ impl Delivery {
             tracing::warn!(%error, "route table unavailable for delivery");
             HashMap::new()
         });
+        let wire = self.wire_for(message);
         for user in &users {
-            self.push_here(message, user, routes.get(user).map_or(&[], Vec::as_slice));
+            self.push_here(message, wire.as_ref(), user, routes.get(user).map_or(&[], Vec::as_slice));
         }
     }
 
-    /// Pushes `message` to `user`'s devices on this node: those connected (of `routes`) and
-    /// those dropped within the grace period, which note it as owed for their return.
-    fn push_here(self: &Arc<Self>, message: &Message, user: &UserId, routes: &[Route]) {
+    /// The wire form of `message`, built once for all its recipients; `None` in the
+    /// pull-only tier, where they get a `sync_hint` instead.
+    fn wire_for(&self, message: &Message) -> Option<v1::Message> {
+        self.vitals.tier().pushes().then(|| wire_message(message))
+    }
+
+    /// Pushes `message` (as `wire`, or a `sync_hint` when pull-only) to `user`'s devices on
+    /// this node: those connected (of `routes`) and those dropped within the grace period,
+    /// which note it as owed for their return.
+    fn push_here(self: &Arc<Self>, message: &Message, wire: Option<&v1::Message>, user: &UserId, routes: &[Route]) {
         let sessions = &self.reach.sessions;
         let connected = routes
             .iter()
             .filter(|route| route.node == self.reach.this_node)
             .filter_map(|route| sessions.get(route.connection));
-        let pushes = self.vitals.tier().pushes();
         for session in connected.chain(sessions.parked_of(user)) {
             if message.is_from(&session.user, &session.device) {
                 continue;
             }
-            if !pushes {
-                if session.is_live() {
-                    session.push(sync_hint(message));
+            match wire {
+                None if session.is_live() => _ = session.push(sync_hint(message)),
+                None => {}
+                Some(wire) => {
+                    if let Some(session) = session.offer(&message.conversation, message.seq) {
+                        self.push_tracked(&session, &message.conversation, wire.clone(), 1);
+                    }
                 }
-            } else if let Some(session) = session.offer(&message.conversation, message.seq) {
-                self.push_tracked(&session, &message.conversation, wire_message(message), 1);
             }
         }
     }
@@ -218,7 +228,7 @@ impl Delivery {
     /// Pushes a room message to this node's subscribers of its room (no retries: a
     /// subscriber catches up from history).
     pub fn push_to_room_here(&self, message: &Message) {
-        let frame = if self.vitals.tier().pushes() { deliver(wire_message(message), 1) } else { sync_hint(message) };
+        let frame = self.wire_for(message).map_or_else(|| sync_hint(message), |wire| deliver(wire, 1));
         for id in self.reach.rooms.subscribers(&message.conversation) {
             if let Some(session) = self.reach.sessions.get(id)
                 && !message.is_from(&session.user, &session.device)
