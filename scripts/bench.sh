@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Herald's benchmarks: id allocators (criterion), storage (seq renewals, group-committed
-# inserts on SQLite, MariaDB and PostgreSQL) and plugin hook calls. Starts the services and
-# installs the wasm32-wasip2 target they need, so it runs on a fresh machine.
+# Herald's benchmarks: id allocators and the cluster ring (criterion), storage (seq
+# renewals, group-committed inserts on SQLite, MariaDB and PostgreSQL) and plugin hook
+# calls. Starts the services and installs the wasm32-wasip2 target they need, so it runs
+# on a fresh machine.
 #
 #   scripts/bench.sh                  # all of them
-#   scripts/bench.sh ids hooks        # or name some: ids hooks renewals sqlite sqlite-v4
+#   scripts/bench.sh ids hooks        # or name some: ids ring hooks renewals sqlite sqlite-v4
 #                                     #   sqlite-normal mysql postgres
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,14 +18,17 @@ selected=""
 storage=()
 for name in "$@"; do
     case $name in
-        ids | hooks) selected+=" $name" ;;
+        ids | ring | hooks) selected+=" $name" ;;
         renewals | sqlite | sqlite-v4 | sqlite-normal | mysql | postgres) selected+=" $name"; storage+=("$name") ;;
-        *) die "unknown benchmark '$name' (known: ids hooks renewals sqlite sqlite-v4 sqlite-normal mysql postgres)" ;;
+        *) die "unknown benchmark '$name' (known: ids ring hooks renewals sqlite sqlite-v4 sqlite-normal mysql postgres)" ;;
     esac
 done
 
 if wants ids; then
     cargo bench --locked -p herald-host --bench ids
+fi
+if wants ring; then
+    cargo bench --locked -p herald-host --bench ring
 fi
 if [ -z "$selected" ] || [ ${#storage[@]} -gt 0 ]; then
     ensure_postgres

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Herald's whole test suite, as CI runs it: starts the local services the tests need,
-# builds the plugins, checks lints, and runs every test.
+# builds the plugins, checks lints, and runs every test; then the Redis-backed tests again
+# against a 3-master Redis Cluster it starts on 127.0.0.1:7001-7003 and stops at the end.
 #
 #   scripts/test.sh            everything
 #   scripts/test.sh -- ARGS    extra arguments for `cargo test` (e.g. a test name filter)
@@ -10,6 +11,11 @@ cd "$(dirname "$0")/.."
 . scripts/services.sh
 
 ensure_services
+# The Redis-backed tests run a second time against a 3-master Redis Cluster (below); start it
+# now so a broken set-up fails before the long run, and stop it however the script ends.
+trap stop_redis_cluster EXIT
+redis_cluster_url=$(ensure_redis_cluster)
+say "Redis Cluster up: $redis_cluster_url"
 ensure_wasm_target
 ensure_chromium
 build_plugins debug
@@ -32,3 +38,13 @@ fi
 say "workspace tests"
 [ "${1:-}" = "--" ] && shift
 cargo test --workspace --locked "$@"
+
+# Only the Redis-backed modules of herald-host's tests, on the cluster: every script and
+# multi-key step must stay in one slot (a CROSSSLOT error fails them). cluster_plugin_state::
+# and messaging::cluster_ (multi-process clusters of herald nodes, handed the URL as
+# HERALD_CLUSTER__REDIS_URL) are included; the other tests do not touch Redis. `--workspace`
+# rather than `-p herald-host`: the same feature set as the run above, so nothing is rebuilt
+# (no test of the other packages' `all` binaries matches these filters).
+say "Redis-backed tests again, against the Redis Cluster at $redis_cluster_url"
+HERALD_TEST_REDIS_URL=$redis_cluster_url cargo test --workspace --test all --locked -- \
+    cluster:: cluster_membership:: cluster_plugin_state:: messaging::cluster_

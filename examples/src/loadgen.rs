@@ -2,6 +2,10 @@
 //! real WebSocket path, sending to its partner in their `dm:` conversation while the
 //! partner acknowledges every `deliver`.
 //!
+//! Against a cluster the run takes several endpoints: users are spread over them
+//! round-robin and pairs may join users on different endpoints ([`pairing`]), so latency
+//! is also reported separately for same-endpoint and cross-endpoint pairs.
+//!
 //! A run has four phases, broadcast to every user task: connect (at most
 //! `connect_concurrency` handshakes at once), run (warm-up, then the measurement window),
 //! drain (no new sends; wait for what is in flight to be acknowledged and delivered) and
@@ -13,6 +17,7 @@
 //! *scheduled* send time, so a backlog in the client or server shows up as latency instead
 //! of silently lowering the rate (no coordinated omission).
 
+pub mod pairing;
 mod payload;
 mod progress;
 pub mod relay_process;
@@ -33,6 +38,7 @@ use tokio::{
     time::Instant,
 };
 
+pub use pairing::{Pairing, PairingError, endpoint_of};
 pub use payload::{MIN_BODY_BYTES, Payload, SeenCounters};
 pub use stats::{LatencySummary, Report, Verification};
 
@@ -61,11 +67,16 @@ impl TokenMode {
 pub struct LoadConfig {
     /// Names the run in reports (`herald`, `relay`).
     pub label: String,
-    /// The WebSocket URL, e.g. `ws://127.0.0.1:7070/v1/ws`. The caller checks it is
-    /// loopback (see [`crate::target`]).
-    pub url: String,
+    /// The WebSocket URLs, e.g. `ws://127.0.0.1:7070/v1/ws`: one server, or several
+    /// nodes of a cluster, user `i` connecting to URL `i mod N`. The caller checks they
+    /// are loopback (see [`crate::target`]).
+    pub urls: Vec<String>,
     /// Simulated users; even, since they pair up.
     pub users: usize,
+    /// With several URLs, the least share (0..=1) of pairs whose two users connect to
+    /// different URLs; `None` pairs user `2k` with `2k + 1` (all pairs cross when there
+    /// are several URLs). See [`Pairing::with_cross_share`].
+    pub cross_node_share: Option<f64>,
     /// Total send rate in messages per second across all users; 0 sends as fast as the
     /// in-flight limit allows.
     pub rate: u64,
@@ -102,8 +113,9 @@ impl Default for LoadConfig {
     fn default() -> Self {
         Self {
             label: "herald".to_owned(),
-            url: "ws://127.0.0.1:7070/v1/ws".to_owned(),
+            urls: vec!["ws://127.0.0.1:7070/v1/ws".to_owned()],
             users: 1000,
+            cross_node_share: None,
             rate: 0,
             duration: Duration::from_secs(10),
             warmup: Duration::from_secs(1),
@@ -131,7 +143,7 @@ pub enum LoadError {
     /// Not one user could connect.
     #[error("no user could connect to {url}: {first_error}")]
     NoConnections {
-        /// The target.
+        /// The target URLs, comma-separated.
         url: String,
         /// What the first failure said.
         first_error: String,
@@ -141,6 +153,9 @@ pub enum LoadError {
 impl LoadConfig {
     fn validate(&self) -> Result<(), LoadError> {
         let fail = |message: String| Err(LoadError::Config(message));
+        if self.urls.is_empty() {
+            return fail("--url needs at least one WebSocket URL".to_owned());
+        }
         if self.users < 2 || !self.users.is_multiple_of(2) {
             return fail(format!("--users must be an even number of at least 2 (they pair up), not {}", self.users));
         }
@@ -161,7 +176,22 @@ impl LoadConfig {
                 self.device
             ));
         }
-        Ok(())
+        self.pairing().map(drop)
+    }
+
+    /// Who pairs with whom over this run's URLs.
+    fn pairing(&self) -> Result<Pairing, LoadError> {
+        let endpoints = self.urls.len();
+        match self.cross_node_share {
+            None => Pairing::neighbours(self.users, endpoints),
+            Some(share) => Pairing::with_cross_share(self.users, endpoints, share),
+        }
+        .map_err(|error| LoadError::Config(error.to_string()))
+    }
+
+    /// The target URLs as given on the command line: comma-separated.
+    pub fn url_list(&self) -> String {
+        self.urls.join(",")
     }
 }
 
@@ -190,12 +220,16 @@ struct UserPlan {
     index: usize,
     /// Its user id.
     user: String,
-    /// Its partner's number (`index ^ 1`).
+    /// The URL it connects to (`urls[index mod N]`).
+    url: String,
+    /// Its partner's number (`index ^ 1` unless a cross share is asked for).
     partner_index: usize,
     /// Its partner's user id.
     partner: String,
     /// Their `dm:` conversation.
     conversation: String,
+    /// Whether the partner connects to a different URL.
+    crosses: bool,
     /// Time between its sends in rate mode.
     interval: Option<Duration>,
     /// When its first send is due in rate mode, after the start: spreads users evenly
@@ -219,6 +253,10 @@ struct Shared {
     counters: Counters,
     /// Send → deliver latency of messages sent inside the window.
     latency: LatencyRecorder,
+    /// The same, of pairs on one URL only.
+    same_endpoint_latency: LatencyRecorder,
+    /// The same, of pairs on different URLs only.
+    cross_endpoint_latency: LatencyRecorder,
     /// Send → `send_ack` latency of messages sent inside the window.
     ack_latency: LatencyRecorder,
     /// In rate mode, how far behind schedule sends were written: the generator's own lag,
@@ -248,6 +286,11 @@ impl Shared {
         micros >= self.window_start_us.load(Ordering::Relaxed) && micros < self.window_end_us.load(Ordering::Relaxed)
     }
 
+    /// The recorder of send → deliver latency split by where the pair's users are.
+    fn pair_latency(&self, crosses: bool) -> &LatencyRecorder {
+        if crosses { &self.cross_endpoint_latency } else { &self.same_endpoint_latency }
+    }
+
     fn note_error(&self, error: impl FnOnce() -> String) {
         let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
         if first.is_none() {
@@ -265,6 +308,7 @@ impl Shared {
 /// are counted in the report, not returned as errors.
 pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
     config.validate()?;
+    let pairing = config.pairing()?;
     let users = config.users;
     let shards = users.clamp(1, 64);
     let interval = (config.rate > 0).then(|| Duration::from_secs_f64(users as f64 / config.rate as f64));
@@ -275,6 +319,8 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         window_end_us: AtomicU64::new(u64::MAX),
         counters: Counters::default(),
         latency: LatencyRecorder::new(shards),
+        same_endpoint_latency: LatencyRecorder::new(shards),
+        cross_endpoint_latency: LatencyRecorder::new(shards),
         ack_latency: LatencyRecorder::new(shards),
         send_lag: LatencyRecorder::new(shards),
         credits: (0..users).map(|_| Semaphore::new(config.in_flight)).collect(),
@@ -288,12 +334,14 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
 
     let tasks: Vec<_> = (0..users)
         .map(|index| {
-            let partner_index = index ^ 1;
+            let partner_index = pairing.partner(index);
             let user = user_id(&config.user_prefix, index);
             let partner = user_id(&config.user_prefix, partner_index);
             let plan = UserPlan {
                 index,
+                url: config.urls[endpoint_of(index, config.urls.len())].clone(),
                 conversation: dm_conversation(&user, &partner),
+                crosses: pairing.crosses(index),
                 user,
                 partner_index,
                 partner,
@@ -331,7 +379,7 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
             .unwrap_or_else(|| "connect timed out".to_owned());
-        return Err(LoadError::NoConnections { url: config.url.clone(), first_error });
+        return Err(LoadError::NoConnections { url: config.url_list(), first_error });
     }
 
     // Run phase: warm-up, then the window.
@@ -389,7 +437,10 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
     let verification = config.verify.then(|| verify_ids(acked_ids, delivered_ids));
     Ok(Report {
         label: config.label.clone(),
-        url: config.url.clone(),
+        url: config.url_list(),
+        endpoints: config.urls.len() as u64,
+        pairs: pairing.pairs() as u64,
+        cross_endpoint_pairs: pairing.cross_pairs() as u64,
         encoding: match config.encoding {
             Encoding::Proto => "proto",
             Encoding::Json => "json",
@@ -405,6 +456,8 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         drained,
         counts: CountSnapshot::of(&shared.counters),
         latency: LatencySummary::of(&shared.latency.merged()),
+        same_endpoint_latency: LatencySummary::of(&shared.same_endpoint_latency.merged()),
+        cross_endpoint_latency: LatencySummary::of(&shared.cross_endpoint_latency.merged()),
         ack_latency: LatencySummary::of(&shared.ack_latency.merged()),
         send_lag: (config.rate > 0).then(|| LatencySummary::of(&shared.send_lag.merged())),
         verification,
@@ -452,6 +505,15 @@ mod tests {
         assert!(config(|c| c.in_flight = 0).is_err());
         assert!(config(|c| c.duration = Duration::ZERO).is_err());
         assert!(config(|c| c.user_prefix = "no spaces".to_owned()).is_err());
+        assert!(config(|c| c.urls.clear()).is_err());
+        assert!(config(|c| c.cross_node_share = Some(0.5)).is_err(), "one URL: no pair can cross");
+        assert!(config(|c| c.cross_node_share = Some(0.0)).is_ok());
+        let two_urls = |share: f64| {
+            let urls = vec!["ws://127.0.0.1:1/v1/ws".to_owned(), "ws://127.0.0.1:2/v1/ws".to_owned()];
+            LoadConfig { urls, cross_node_share: Some(share), ..LoadConfig::default() }.validate()
+        };
+        assert!(two_urls(0.5).is_ok());
+        assert!(two_urls(1.5).is_err());
     }
 
     #[test]

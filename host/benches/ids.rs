@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use herald_host::config::StorageConfig;
-use herald_host::ids::{SeqAllocator, SeqConfig, SnowflakeGenerator};
-use herald_host::model::ConversationId;
+use herald_host::ids::{OwnerClaim, SeqAllocator, SeqConfig, SnowflakeGenerator};
+use herald_host::model::{ConversationId, NodeId};
 use herald_host::store::Database;
 
 fn snowflake(c: &mut Criterion) {
@@ -24,6 +24,9 @@ fn snowflake(c: &mut Criterion) {
     group.bench_function("next_id", |b| b.iter(|| black_box(generator.next_id())));
     group.finish();
 }
+
+/// The claim of the one node of embedded mode, as its pipeline makes it.
+const CLAIM: OwnerClaim = OwnerClaim { node: NodeId(0), epoch: 1 };
 
 fn seq_hot_path(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
@@ -40,7 +43,7 @@ fn seq_hot_path(c: &mut Criterion) {
         (0..64).map(|i| ConversationId::parse(&format!("grp:bench-{i}")).expect("valid")).collect();
     runtime.block_on(async {
         for conversation in &conversations {
-            allocator.next(conversation).await.expect("first lease");
+            allocator.next(conversation, CLAIM).await.expect("first lease");
         }
     });
     let hot = conversations[17].clone();
@@ -49,7 +52,7 @@ fn seq_hot_path(c: &mut Criterion) {
     // Borrowed, not cloned, per call: a caller holds its allocator and conversation id.
     let (allocator, hot) = (&allocator, &hot);
     group.bench_function("next_in_memory", |b| {
-        b.to_async(&runtime).iter(|| async move { black_box(allocator.next(hot).await.expect("seq")) });
+        b.to_async(&runtime).iter(|| async move { black_box(allocator.next(hot, CLAIM).await.expect("seq")) });
     });
     group.finish();
 }

@@ -12,7 +12,8 @@
 //!   concurrent writers for 10 s, with time-ordered (UUIDv7) client_msg_ids; `sqlite-v4`:
 //!   the same with random UUIDv4 ids (each lands on a random index page: the worst case);
 //!   `sqlite-normal`: `synchronous = normal`, durable across a process crash but not a power
-//!   loss. Prints rows/s (targets: SQLite ≥ 100k, MariaDB and
+//!   loss. Each message carries its conversation's owner fence, as a node's do (checked on
+//!   MariaDB and PostgreSQL). Prints rows/s (targets: SQLite ≥ 100k, MariaDB and
 //!   PostgreSQL ≥ 30k on a 2-core machine).
 //!
 //! MariaDB and PostgreSQL are the machine's local servers (or `HERALD_TEST_MYSQL_URL` /
@@ -29,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use herald_host::config::{GroupCommitConfig, SqliteSynchronous, StorageConfig};
-use herald_host::ids::{SeqAllocator, SeqConfig, SnowflakeGenerator};
-use herald_host::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
+use herald_host::ids::{OwnerClaim, SeqAllocator, SeqConfig, SnowflakeGenerator};
+use herald_host::model::{ClientMsgId, ConversationId, DeviceId, Message, NodeId, UserId};
 use herald_host::store::{Backend, Database, GroupCommitter, MessageWriter, SeqLeases};
 use scratch::ScratchDatabase;
 
@@ -40,6 +41,8 @@ const WRITERS: usize = 4096;
 /// Distinct senders and conversations, as with 1,000 users chatting in 500 pairs.
 const SENDERS: usize = 1000;
 const CONVERSATIONS: usize = 500;
+/// What the benchmark's node claims its conversations with.
+const CLAIM: OwnerClaim = OwnerClaim { node: NodeId(3), epoch: 1 };
 
 fn main() {
     let selected: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
@@ -131,7 +134,7 @@ async fn renewals() {
         // The conversation's first seq waits for its first lease (nothing to prefetch from
         // yet): timed apart, since the target is about renewals.
         let first = Instant::now();
-        let mut last = allocator.next(&conversation).await.expect("seq");
+        let mut last = allocator.next(&conversation, CLAIM).await.expect("seq").seq;
         let first = first.elapsed();
         let (waited_before, leases_before) = (allocator.foreground_leases(), allocator.leases());
         let mut tick = tokio::time::interval(Duration::from_millis(1));
@@ -149,7 +152,7 @@ async fn renewals() {
                 tick.tick().await;
             }
             let call = Instant::now();
-            let seq = allocator.next(&conversation).await.expect("seq");
+            let seq = allocator.next(&conversation, CLAIM).await.expect("seq").seq;
             let took = call.elapsed();
             latencies.saturating_record(took.as_nanos() as u64);
             if took > Duration::from_millis(1) {
@@ -184,7 +187,7 @@ async fn renewals() {
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(3) {
         let call = Instant::now();
-        database.lease(&conversation, 1000).await.expect("lease");
+        database.lease(&conversation, 1000, CLAIM).await.expect("lease");
         leases.saturating_record(call.elapsed().as_micros() as u64);
     }
     println!(
@@ -212,6 +215,14 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
         RUN.as_secs()
     );
 
+    // Each message carries its conversation's fence, as the pipeline's do: on MariaDB and
+    // PostgreSQL every batch checks them under a shared lock (SQLite does not check).
+    let mut fences = Vec::with_capacity(CONVERSATIONS);
+    for c in 0..CONVERSATIONS {
+        let conversation = ConversationId::parse(&format!("grp:bench-{c}")).expect("valid");
+        fences.push(database.lease(&conversation, 1, CLAIM).await.expect("lease").fence);
+    }
+
     let started = Instant::now();
     let tasks: Vec<_> = (0..WRITERS)
         .map(|writer| {
@@ -223,6 +234,7 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
                 device.clone(),
                 body.clone(),
             );
+            let fence = fences[writer % CONVERSATIONS];
             tokio::spawn(async move {
                 let sender = UserId::parse(&format!("user-{}", writer % SENDERS)).expect("valid");
                 let conversation =
@@ -242,7 +254,7 @@ async fn inserts(name: &str, backend: Backend, sqlite_synchronous: SqliteSynchro
                         body: body.clone(),
                         sent_at_ms: 1_780_000_000_000,
                     };
-                    committer.submit(message).await.expect("queued").wait().await.expect("insert");
+                    committer.submit(message, Some(fence)).await.expect("queued").wait().await.expect("insert");
                     stored.fetch_add(1, Ordering::Relaxed);
                 }
             })

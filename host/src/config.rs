@@ -36,8 +36,10 @@ pub struct Config {
     pub plugins: Option<PathBuf>,
     /// Dev mode (PROTOCOL.md): loopback only, `dev:<user>` tokens, `dev-key` api key.
     pub dev: bool,
-    /// This node's id, 0..=1023, unique in a cluster; part of every snowflake id.
-    pub node_id: u32,
+    /// This node's id, 0..=1023, part of every snowflake id. Embedded mode: 0 unless set.
+    /// Cluster mode leases a free one unless it is pinned here (`HERALD_NODE_ID`); a pinned
+    /// id another live node holds refuses to start.
+    pub node_id: Option<u32>,
     /// The database.
     pub storage: StorageConfig,
     /// The seq allocator.
@@ -51,6 +53,80 @@ pub struct Config {
     /// The Wasm plugin runtime: pools, limits, quarantine, and per-plugin overrides under
     /// `[plugin_runtime.plugins.<name>]` (see `sdk/README.md`).
     pub plugin_runtime: herald_plugin_runtime::PluginHostConfig,
+    /// Cluster mode: on when `redis_url` is set.
+    pub cluster: ClusterConfig,
+}
+
+/// `[cluster]`: many nodes sharing Redis and one MySQL/MariaDB or PostgreSQL database.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// `redis://host:port/db` turns cluster mode on (unset: embedded mode).
+    pub redis_url: Option<String>,
+    /// Where this node accepts node-to-node links.
+    pub peer_listen: SocketAddr,
+    /// What this node tells the others to connect to; unset: `peer_listen`.
+    pub advertise: Option<SocketAddr>,
+    /// Shared by every node; authenticates node-to-node links. Required outside dev mode.
+    pub secret: Option<String>,
+    /// How long a node's lease lives without a renew: the longest a dead node's
+    /// conversations wait for a new owner.
+    pub lease_ttl_ms: u64,
+    /// Points per node on the ring; every node of a cluster must use the same count.
+    pub virtual_nodes: u32,
+    /// Prefix of every Redis key, so several deployments can share one Redis.
+    pub key_prefix: String,
+    /// How long a node keeps a user's routes read from Redis (a login anywhere drops
+    /// them at once, everywhere). 0 turns the cache off.
+    pub route_cache_ms: u64,
+}
+
+/// The secret dev mode uses when none is set (dev mode listens on loopback only).
+pub const DEV_CLUSTER_SECRET: &str = "herald-dev-cluster-secret";
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            redis_url: None,
+            peer_listen: SocketAddr::from(([127, 0, 0, 1], 7071)),
+            advertise: None,
+            secret: None,
+            lease_ttl_ms: 3_000,
+            virtual_nodes: 160,
+            key_prefix: "herald:".to_owned(),
+            route_cache_ms: 2_000,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Whether cluster mode is on.
+    pub fn enabled(&self) -> bool {
+        self.redis_url.as_deref().is_some_and(|url| !url.is_empty())
+    }
+
+    /// What the others connect to.
+    pub fn advertise(&self) -> SocketAddr {
+        self.advertise.unwrap_or(self.peer_listen)
+    }
+
+    /// The secret links are authenticated with: the configured one, or dev mode's.
+    pub fn secret(&self, dev: bool) -> Option<&str> {
+        match self.secret.as_deref().filter(|secret| !secret.is_empty()) {
+            Some(secret) => Some(secret),
+            None => dev.then_some(DEV_CLUSTER_SECRET),
+        }
+    }
+
+    /// How long routes are cached.
+    pub fn route_cache_ttl(&self) -> Duration {
+        Duration::from_millis(self.route_cache_ms)
+    }
+
+    /// The lease TTL.
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.lease_ttl_ms)
+    }
 }
 
 /// `[gateway]`: WebSocket connections.
@@ -155,13 +231,14 @@ impl Default for Config {
             data_dir: PathBuf::from("herald-data"),
             plugins: None,
             dev: false,
-            node_id: 0,
+            node_id: None,
             storage: StorageConfig::default(),
             seq: SeqConfig::default(),
             gateway: GatewayConfig::default(),
             delivery: DeliveryConfig::default(),
             api: ApiConfig::default(),
             plugin_runtime: herald_plugin_runtime::PluginHostConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -312,12 +389,12 @@ impl Config {
     /// # Errors
     /// [`ConfigError::Invalid`] naming the offending setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.node_id > u32::from(MAX_NODE_ID) {
+        if let Some(node_id) = self.node_id.filter(|&id| id > u32::from(MAX_NODE_ID)) {
             return Err(ConfigError::Invalid(format!(
-                "node_id {} is out of range; it must be 0..={MAX_NODE_ID}",
-                self.node_id
+                "node_id {node_id} is out of range; it must be 0..={MAX_NODE_ID}"
             )));
         }
+        self.validate_cluster()?;
         if self.dev && !self.listen.ip().is_loopback() {
             return Err(ConfigError::Invalid(format!(
                 "dev mode listens on loopback only, but listen is {}; drop --dev or listen on 127.0.0.1",
@@ -358,6 +435,51 @@ impl Config {
             ));
         }
         self.seq.validate().map_err(ConfigError::Invalid)
+    }
+
+    /// The `[cluster]` settings, when cluster mode is on.
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let cluster = &self.cluster;
+        if !cluster.enabled() {
+            return Ok(());
+        }
+        let url = self.database_url();
+        if !(url.starts_with("postgres") || url.starts_with("mysql") || url.starts_with("mariadb")) {
+            return Err(ConfigError::Invalid(format!(
+                "cluster mode (cluster.redis_url) needs a database every node shares, but storage.url is {}; \
+                 set storage.url (HERALD_STORAGE__URL) to a mysql://, mariadb:// or postgres:// URL. SQLite is a \
+                 file of one node: a second node would allocate the same seqs",
+                if self.storage.url.is_some() { url.as_str() } else { "unset (SQLite under the data dir)" }
+            )));
+        }
+        if cluster.secret(self.dev).is_none() {
+            return Err(ConfigError::Invalid(
+                "cluster.secret is required in cluster mode outside dev mode (HERALD_CLUSTER__SECRET); set the same \
+                 secret on every node: it authenticates node-to-node links"
+                    .into(),
+            ));
+        }
+        if !(300..=60_000).contains(&cluster.lease_ttl_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "cluster.lease_ttl_ms {} must be 300..=60000 (the default, 3000, lets a dead node's conversations \
+                 move within about 3 s)",
+                cluster.lease_ttl_ms
+            )));
+        }
+        if !(1..=1000).contains(&cluster.virtual_nodes) {
+            return Err(ConfigError::Invalid(format!(
+                "cluster.virtual_nodes {} must be 1..=1000",
+                cluster.virtual_nodes
+            )));
+        }
+        if self.dev && !(cluster.peer_listen.ip().is_loopback() && cluster.advertise().ip().is_loopback()) {
+            return Err(ConfigError::Invalid(format!(
+                "dev mode links nodes on loopback only, but cluster.peer_listen is {} and cluster.advertise {}",
+                cluster.peer_listen,
+                cluster.advertise()
+            )));
+        }
+        Ok(())
     }
 
     /// The database URL, defaulting to SQLite under the data dir.
@@ -503,7 +625,7 @@ mod tests {
         let flags = Overrides { data_dir: Some("/from/flag".into()), ..Overrides::default() };
         let config = Config::load_from(Some(file.path()), vars, &flags).expect("loads");
         assert_eq!(config.listen.port(), 9001, "file beats default");
-        assert_eq!(config.node_id, 3);
+        assert_eq!(config.node_id, Some(3));
         assert_eq!(config.storage.max_connections, 5, "env beats file");
         assert_eq!(config.seq.min_step, 2);
         assert_eq!(config.data_dir, PathBuf::from("/from/flag"), "flag beats env");
@@ -531,6 +653,47 @@ mod tests {
         let error = Config::load_from(None, env(&[("HERALD_SEQ__PREFETCH_SEGMENTS", "0")]), &Overrides::default())
             .expect_err("no prefetch");
         assert!(error.to_string().contains("prefetch_segments (0)"), "{error}");
+    }
+
+    #[test]
+    fn cluster_mode_is_chosen_by_redis_url_and_refuses_what_cannot_work() {
+        let embedded = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults");
+        assert!(!embedded.cluster.enabled(), "no redis_url: embedded mode");
+        assert_eq!(embedded.node_id, None, "unpinned");
+
+        let redis = ("HERALD_CLUSTER__REDIS_URL", "redis://127.0.0.1:6379/0");
+        let error = Config::load_from(None, env(&[redis]), &Overrides::default()).expect_err("SQLite in a cluster");
+        assert!(error.to_string().contains("needs a database every node shares"), "{error}");
+
+        let postgres = ("HERALD_STORAGE__URL", "postgres://postgres@127.0.0.1/test");
+        let error = Config::load_from(None, env(&[redis, postgres]), &Overrides::default()).expect_err("no secret");
+        assert!(error.to_string().contains("cluster.secret is required"), "{error}");
+
+        let dev = Overrides { dev: true, ..Overrides::default() };
+        let config = Config::load_from(None, env(&[redis, postgres, ("HERALD_NODE_ID", "7")]), &dev).expect("dev");
+        assert!(config.cluster.enabled());
+        assert_eq!(config.cluster.secret(config.dev), Some(DEV_CLUSTER_SECRET), "dev mode has a secret of its own");
+        assert_eq!(config.cluster.advertise(), config.cluster.peer_listen, "advertise defaults to peer_listen");
+        assert_eq!((config.node_id, config.cluster.peer_listen.port()), (Some(7), 7071));
+
+        let vars = env(&[
+            redis,
+            ("HERALD_STORAGE__URL", "mariadb://root@127.0.0.1/test"),
+            ("HERALD_CLUSTER__SECRET", "s3cret"),
+            ("HERALD_CLUSTER__PEER_LISTEN", "0.0.0.0:7171"),
+            ("HERALD_CLUSTER__ADVERTISE", "10.0.0.5:7171"),
+        ]);
+        let config = Config::load_from(None, vars, &Overrides::default()).expect("a production cluster node");
+        assert_eq!(config.cluster.advertise().to_string(), "10.0.0.5:7171");
+        assert_eq!(config.cluster.secret(false), Some("s3cret"));
+
+        let error =
+            Config::load_from(None, env(&[redis, postgres, ("HERALD_CLUSTER__PEER_LISTEN", "0.0.0.0:7171")]), &dev)
+                .expect_err("dev mode links on loopback only");
+        assert!(error.to_string().contains("loopback"), "{error}");
+        let error = Config::load_from(None, env(&[redis, postgres, ("HERALD_CLUSTER__LEASE_TTL_MS", "100")]), &dev)
+            .expect_err("a lease too short to renew");
+        assert!(error.to_string().contains("cluster.lease_ttl_ms 100"), "{error}");
     }
 
     #[test]

@@ -107,9 +107,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve(args) => {
             let config = args.load()?;
             let running = server::start(&config).await?;
-            shutdown_signal().await;
+            let lost = tokio::select! {
+                () = shutdown_signal() => false,
+                () = running.must_stop() => true,
+            };
             tracing::info!("shutting down");
             running.shutdown().await;
+            if lost {
+                anyhow::bail!(
+                    "this node's cluster lease was lost (it was paused or cut off from Redis for longer than \
+                     cluster.lease_ttl_ms), so it stopped rather than act for conversations another node may own now; \
+                     start it again and it joins as a new member"
+                );
+            }
             Ok(())
         }
         Command::Plugin(PluginCommand::Check { file }) => {

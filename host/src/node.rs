@@ -2,7 +2,12 @@
 //!
 //! This is the one place that knows which implementation backs each seam. Embedded mode
 //! keeps routes, room directory, dedup marks and the ring in this process and reaches no
-//! other node ([`LocalBus`]); storage is whichever SQL backend the URL names.
+//! other node ([`LocalBus`]); cluster mode ([`cluster`], on when `cluster.redis_url` is
+//! set) puts them in Redis and links the nodes. Storage is whichever SQL backend the URL
+//! names.
+
+mod cluster;
+mod peers;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,6 +34,9 @@ use crate::routing::rooms::{MemoryRoomDirectory, RoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::StaticTopology;
 use crate::routing::{MemoryRouteTable, RouteTable};
+pub use cluster::{Cluster, ClusterStatus};
+use peers::NodePeers;
+
 use crate::store::{
     ConversationStore, CursorStore, Database, GroupCommitter, GroupStore, MessageStore, MessageWriter, StoreError,
     StoreProbe,
@@ -60,6 +68,8 @@ pub struct Node {
     pub plugins: Arc<Plugins>,
     /// Health counters, the last health sample and the delivery tier.
     pub vitals: Arc<Vitals>,
+    /// This node's lease, peers and Redis seams; `None` in embedded mode.
+    pub cluster: Option<Arc<Cluster>>,
     /// Turns true at shutdown; every background loop stops on it.
     stop: watch::Sender<bool>,
 }
@@ -76,13 +86,26 @@ impl Node {
         crate::telemetry::install();
         let database = open_storage(&config).await?;
         let committer = GroupCommitter::start(database.clone(), &config.storage.group_commit);
-        let plugins = Arc::new(
-            Plugins::start(config.plugin_runtime.clone(), &config.plugins_dir())
-                .await
-                .map_err(|error| NodeError::Config(format!("plugin runtime: {error}")))?,
-        );
-        let ids = Arc::new(SnowflakeGenerator::new(config.node_id).map_err(|e| NodeError::Config(e.to_string()))?);
-        let seams = Seams::embedded(&config, &plugins.host);
+        let cluster = match config.cluster.enabled() {
+            true => Some(Arc::new(Cluster::join(&config).await?)),
+            false => None,
+        };
+        // Cluster mode keeps plugin KV and rate limits in Redis, so they hold on every node.
+        let (runtime, dir) = (config.plugin_runtime.clone(), config.plugins_dir());
+        let plugins = match &cluster {
+            Some(cluster) => {
+                let (kv, limiter) = cluster.plugin_state();
+                Plugins::start_with(runtime, &dir, kv, limiter).await
+            }
+            None => Plugins::start(runtime, &dir).await,
+        };
+        let plugins = Arc::new(plugins.map_err(|error| NodeError::Config(format!("plugin runtime: {error}")))?);
+        let this_node = cluster.as_ref().map_or(NodeId(config.node_id.unwrap_or(0)), |cluster| cluster.this_node());
+        let ids = Arc::new(SnowflakeGenerator::new(this_node.0).map_err(|e| NodeError::Config(e.to_string()))?);
+        let seams = match &cluster {
+            Some(cluster) => cluster.seams(&config, &plugins.host),
+            None => Seams::embedded(&config, &plugins.host),
+        };
         let storage = Storage {
             messages: Arc::new(database.clone()),
             writer: Arc::new(committer.clone()),
@@ -95,6 +118,12 @@ impl Node {
         let settings = Settings { delivery: config.delivery.clone(), known_direct_idle: config.seq.evict_idle };
         let Services { membership, delivery, pipeline, seqs, lanes } =
             seams.services(storage, settings, ids, &plugins.host, &vitals);
+        let held_here = cluster::HeldHere {
+            sessions: Arc::clone(&seams.sessions),
+            rooms: Arc::clone(&seams.rooms),
+            room_directory: Arc::clone(&seams.room_directory),
+            clock: Arc::clone(&seams.clock),
+        };
         let gateway = Arc::new(Gateway::new(
             config.gateway.clone(),
             auth,
@@ -116,10 +145,24 @@ impl Node {
             router: seams.router,
             plugins,
             vitals,
+            cluster,
             stop: watch::Sender::new(false),
             config,
         });
-        node.start_background(seqs, lanes);
+        node.start_background(Arc::clone(&seqs), Arc::clone(&lanes));
+        if let Some(cluster) = &node.cluster {
+            let peers = NodePeers {
+                pipeline: Arc::clone(&node.pipeline),
+                delivery: Arc::clone(&node.delivery),
+                gateway: Arc::clone(&node.gateway),
+                lanes,
+                routes: Arc::clone(&cluster.cached_routes),
+            };
+            cluster.serve_peers(Arc::new(peers), node.stop.subscribe());
+            let lease_ttl = node.config.cluster.lease_ttl();
+            node.spawn_until_stopped(Arc::clone(cluster).follow_ring(Arc::clone(&node.plugins.host), seqs, lease_ttl));
+            node.spawn_until_stopped(Arc::clone(cluster).reassert_after_data_loss(held_here));
+        }
         Ok(node)
     }
 
@@ -176,6 +219,30 @@ impl Node {
     pub async fn storage_ready(&self) -> bool {
         self.database.ping().await
     }
+
+    /// Cluster mode: whether this node's lease is certainly its own, so it may act for
+    /// the conversations it owns (for `/readyz`). Always true in embedded mode.
+    pub fn holds_lease(&self) -> bool {
+        self.cluster.as_ref().is_none_or(|cluster| cluster.holds_lease())
+    }
+
+    /// Resolves when this node cannot go on and must stop: in cluster mode, once its lease
+    /// is lost for good (it was paused or cut off from Redis past the lease TTL, and its id
+    /// may be another node's now). Never resolves in embedded mode.
+    pub async fn must_stop(&self) {
+        match &self.cluster {
+            Some(cluster) => cluster.membership.lost().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Cluster mode: gives the lease up and removes this node's routes. Called last at
+    /// shutdown, once queued inserts are committed. Does nothing in embedded mode.
+    pub async fn leave_cluster(&self) {
+        if let Some(cluster) = &self.cluster {
+            cluster.leave().await;
+        }
+    }
 }
 
 /// The implementations a node's services are built on: [`Seams::embedded`] for a node of
@@ -222,7 +289,7 @@ pub(crate) struct Services {
 impl Seams {
     /// Embedded mode: everything in this process, this node the whole ring.
     fn embedded(config: &Config, plugins: &Arc<PluginHost>) -> Self {
-        let this_node = NodeId(config.node_id);
+        let this_node = NodeId(config.node_id.unwrap_or(0));
         let topology = Arc::new(StaticTopology::new(&[this_node]));
         Self {
             this_node,

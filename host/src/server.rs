@@ -64,6 +64,13 @@ pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
 }
 
 impl RunningServer {
+    /// Resolves when the node cannot go on (cluster mode: its lease was lost for good);
+    /// the caller then shuts it down and exits with an error, and a service manager
+    /// starts it again as a new member.
+    pub async fn must_stop(&self) {
+        self.node.must_stop().await;
+    }
+
     /// Stops accepting, lets requests in flight finish, flushes queued writes and closes
     /// the database.
     pub async fn shutdown(self) {
@@ -76,6 +83,7 @@ impl RunningServer {
         }
         let node = self.node;
         node.committer.clone().close().await;
+        node.leave_cluster().await;
         node.database.close().await;
     }
 }

@@ -4,9 +4,10 @@
 //! [`Kit`] wires what `node.rs` wires in embedded mode — storage on a temporary SQLite file
 //! behind the group committer, the seq allocator, dedup marks, lanes, membership, the
 //! in-process route table, rooms, room directory and sessions, a router over a
-//! [`StaticTopology`], the plugin host with no plugins — leaving out only the edges (the
-//! gateway, HTTP) and the background loops. A test may hand in its own route table, node bus
-//! or ring ([`Options`]): those are the seams the pipeline and delivery are tested through.
+//! [`KitTopology`] (a [`StaticTopology`] whose lease a test may take away), the plugin host
+//! with no plugins — leaving out only the edges (the gateway, HTTP) and the background
+//! loops. A test may hand in its own route table, node bus or ring ([`Options`]): those are
+//! the seams the pipeline and delivery are tested through.
 //!
 //! Beside it: [`RecordingOutbox`], an [`Outbox`] that keeps every frame it is given (what a
 //! device would have been sent); [`RecordingBus`], a [`NodeBus`] that keeps every send,
@@ -37,7 +38,7 @@ use crate::plugins::{PluginHost, PluginHostConfig};
 use crate::routing::bus::{BusError, LocalBus, NodeBus, Origin, SendAck, SendRequest};
 use crate::routing::rooms::{MemoryRoomDirectory, Rooms};
 use crate::routing::router::Router;
-use crate::routing::topology::StaticTopology;
+use crate::routing::topology::{RingView, StaticTopology, Topology};
 use crate::routing::{MemoryRouteTable, Route, RouteTable};
 use crate::store::{Database, GroupCommitter, MessageStore, StoreError};
 
@@ -66,7 +67,7 @@ impl Default for Options {
 /// The parts of one node, on a temporary SQLite file.
 pub struct Kit {
     pub database: Database,
-    pub topology: Arc<StaticTopology>,
+    pub topology: Arc<KitTopology>,
     pub routes: Arc<dyn RouteTable>,
     pub rooms: Arc<Rooms>,
     pub room_directory: Arc<MemoryRoomDirectory>,
@@ -100,7 +101,7 @@ impl Kit {
             PluginHost::embedded(PluginHostConfig { pooling: false, ..PluginHostConfig::default() })
                 .expect("the plugin host"),
         );
-        let topology = Arc::new(StaticTopology::new(&options.ring));
+        let topology = Arc::new(KitTopology::new(&options.ring));
         let room_directory = Arc::new(MemoryRoomDirectory::default());
         let seams = Seams {
             this_node: THIS_NODE,
@@ -203,6 +204,39 @@ impl Kit {
     /// Every stored message of `conversation`, ascending.
     pub async fn stored(&self, conversation: &str) -> Vec<Message> {
         self.database.messages_after(&conversation_id(conversation), 0, 1_000).await.expect("read messages")
+    }
+}
+
+/// The kit's ring: a [`StaticTopology`], and whether this node holds its cluster lease —
+/// always, unless a test says otherwise (as a node whose lease may have lapsed).
+pub struct KitTopology {
+    ring: StaticTopology,
+    lease: AtomicBool,
+}
+
+impl KitTopology {
+    fn new(nodes: &[NodeId]) -> Self {
+        Self { ring: StaticTopology::new(nodes), lease: AtomicBool::new(true) }
+    }
+
+    /// Replaces the ring with one of `nodes`; returns the new epoch.
+    pub fn replace(&self, nodes: &[NodeId]) -> u64 {
+        self.ring.replace(nodes)
+    }
+
+    /// Whether [`Topology::holds_lease`] says this node holds its lease.
+    pub fn set_holds_lease(&self, held: bool) {
+        self.lease.store(held, Ordering::SeqCst);
+    }
+}
+
+impl Topology for KitTopology {
+    fn view(&self) -> Arc<RingView> {
+        self.ring.view()
+    }
+
+    fn holds_lease(&self) -> bool {
+        self.lease.load(Ordering::SeqCst)
     }
 }
 

@@ -1,6 +1,8 @@
 //! `herald-loadgen`: drives N users in pairs through a Herald server's WebSocket path and
 //! reports throughput and send → deliver latency; with `--compare-relay`, runs the same
-//! load against `herald-relay` and prints the ratio. See `herald_examples::loadgen`.
+//! load against `herald-relay` and prints the ratio. Given several URLs (a cluster's
+//! nodes), it spreads users over them round-robin and reports same-endpoint and
+//! cross-endpoint pairs apart. See `herald_examples::loadgen`.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, reason = "a command-line program reports on stdout")]
@@ -21,12 +23,18 @@ use serde_json::json;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// The server's WebSocket URL.
-    #[arg(long, default_value = "ws://127.0.0.1:7070/v1/ws")]
-    url: String,
+    /// The server's WebSocket URL. Several (comma-separated, or the flag repeated) are the
+    /// nodes of a cluster: user i connects to URL i mod N.
+    #[arg(long, value_delimiter = ',', default_value = "ws://127.0.0.1:7070/v1/ws")]
+    url: Vec<String>,
     /// Simulated users (even: they pair up).
     #[arg(long, default_value_t = 1000)]
     users: usize,
+    /// With several URLs: the least share (0 to 1) of pairs whose two users connect to
+    /// different URLs, the rest on one. Default: user 2k pairs with 2k+1, so with
+    /// round-robin every pair crosses.
+    #[arg(long, value_parser = parse_share)]
+    cross_node_share: Option<f64>,
     /// Total messages per second across all users; 0 = as fast as possible with at most
     /// --in-flight undelivered messages per user.
     #[arg(long, default_value_t = 0)]
@@ -108,14 +116,17 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<ExitCode, String> {
-    check_target(&args.url, args.allow_remote).map_err(|e| e.to_string())?;
+    for url in &args.url {
+        check_target(url, args.allow_remote).map_err(|e| e.to_string())?;
+    }
     if let Some(url) = &args.relay_url {
         check_target(url, args.allow_remote).map_err(|e| e.to_string())?;
     }
     let config = LoadConfig {
         label: args.label.clone(),
-        url: args.url.clone(),
+        urls: args.url.clone(),
         users: args.users,
+        cross_node_share: args.cross_node_share,
         rate: args.rate,
         duration: args.duration,
         warmup: args.warmup,
@@ -157,9 +168,11 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         return Ok(exit_code(&[&main_report]));
     };
 
+    // The relay is one process: every user connects to it, paired as with one server.
     let relay_config = LoadConfig {
         label: "relay".to_owned(),
-        url: relay_url,
+        urls: vec![relay_url],
+        cross_node_share: None,
         user_prefix: format!("lg-{}", random_tag(6)),
         ..config
     };
@@ -177,6 +190,16 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         })
     );
     Ok(exit_code(&[&main_report, &relay_report]))
+}
+
+/// A share between 0 and 1 (`0.5`, or `50%`).
+fn parse_share(text: &str) -> Result<f64, String> {
+    let (number, scale) = match text.strip_suffix('%') {
+        Some(percent) => (percent, 100.0),
+        None => (text, 1.0),
+    };
+    let share = number.trim().parse::<f64>().map_err(|_| format!("`{text}` is not a number like 0.5 or 50%"))? / scale;
+    if (0.0..=1.0).contains(&share) { Ok(share) } else { Err(format!("`{text}` is not between 0 and 1 (0% and 100%)")) }
 }
 
 /// Non-zero when a run delivered nothing: the figures would be meaningless.

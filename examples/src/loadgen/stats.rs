@@ -224,8 +224,14 @@ impl Verification {
 pub struct Report {
     /// What was measured (`herald`, `relay`, …).
     pub label: String,
-    /// The target URL.
+    /// The target URL; several are comma-separated.
     pub url: String,
+    /// How many URLs the users were spread over (round-robin).
+    pub endpoints: u64,
+    /// Pairs of users.
+    pub pairs: u64,
+    /// Pairs whose two users connected to different URLs.
+    pub cross_endpoint_pairs: u64,
     /// `proto` or `json`.
     pub encoding: &'static str,
     /// Simulated users.
@@ -250,6 +256,10 @@ pub struct Report {
     pub counts: CountSnapshot,
     /// Send → deliver latency of messages sent inside the window.
     pub latency: LatencySummary,
+    /// The same, of pairs whose users connected to one URL.
+    pub same_endpoint_latency: LatencySummary,
+    /// The same, of pairs whose users connected to different URLs.
+    pub cross_endpoint_latency: LatencySummary,
     /// Send → `send_ack` latency of messages sent inside the window.
     pub ack_latency: LatencySummary,
     /// In rate mode, how far behind schedule the generator wrote its sends (lateness up
@@ -336,6 +346,9 @@ impl Report {
         let mut value = json!({
             "label": self.label,
             "url": self.url,
+            "endpoints": self.endpoints,
+            "pairs": self.pairs,
+            "cross_endpoint_pairs": self.cross_endpoint_pairs,
             "encoding": self.encoding,
             "users": self.users,
             "connected": c.connected,
@@ -373,6 +386,8 @@ impl Report {
                 "errors": c.errors,
             },
             "latency": self.latency.to_json(),
+            "same_endpoint_latency": self.same_endpoint_latency.to_json(),
+            "cross_endpoint_latency": self.cross_endpoint_latency.to_json(),
             "send_ack_latency": self.ack_latency.to_json(),
         });
         if let (Some(lag), Some(object)) = (self.send_lag, value.as_object_mut()) {
@@ -396,7 +411,9 @@ impl Report {
         value
     }
 
-    /// A few lines for people.
+    /// A few lines for people. The lines and their words are what scripts grep (e.g.
+    /// `send->deliver latency:`): add lines rather than change these. With several
+    /// endpoints, lines on the pairs and their latencies follow the overall latency.
     pub fn to_text(&self) -> String {
         let c = &self.counts;
         let mut text = format!(
@@ -405,6 +422,7 @@ impl Report {
              \x20 window {window:.1}s after {warmup:.1}s warm-up: \
              sent {sent_rate:.0} msg/s, delivered {delivered_rate:.0} msg/s\n\
              \x20 send->deliver latency: p50 {p50} p99 {p99} p999 {p999} max {max} ({n} samples)\n\
+             {by_endpoint}\
              \x20 send->send_ack latency: p50 {a50} p99 {a99} p999 {a999} max {amax}\n\
              \x20 totals: sent {sent} ack OK {ok} dup {dup} rejected {rej} retry {retry} | \
              delivered {delivered} acked {acks} dup {dups} redelivered {redelivered} | \
@@ -427,6 +445,7 @@ impl Report {
             p999 = format_us(self.latency.p999_us),
             max = format_us(self.latency.max_us),
             n = self.latency.count,
+            by_endpoint = self.by_endpoint_text(),
             a50 = format_us(self.ack_latency.p50_us),
             a99 = format_us(self.ack_latency.p99_us),
             a999 = format_us(self.ack_latency.p999_us),
@@ -472,6 +491,36 @@ impl Report {
             text.push_str(&format!("\n  first error: {error}"));
         }
         text
+    }
+
+    /// With several endpoints: how many pairs crossed them, and the send → deliver latency
+    /// of same-endpoint and cross-endpoint pairs, each line ending in a newline. Empty with
+    /// one endpoint, so a one-server run prints what it always did.
+    fn by_endpoint_text(&self) -> String {
+        if self.endpoints <= 1 {
+            return String::new();
+        }
+        let pairs = self.pairs;
+        let cross = self.cross_endpoint_pairs;
+        let share = if pairs > 0 { 100.0 * cross as f64 / pairs as f64 } else { 0.0 };
+        let line = |name: &str, latency: &LatencySummary| {
+            format!(
+                "  {name} pairs, send->deliver: p50 {} p99 {} p999 {} max {} ({} samples)\n",
+                format_us(latency.p50_us),
+                format_us(latency.p99_us),
+                format_us(latency.p999_us),
+                format_us(latency.max_us),
+                latency.count,
+            )
+        };
+        format!(
+            "  endpoints: {endpoints}, users round-robin; pairs: {pairs}, cross-endpoint {cross} ({share:.1}%), \
+             same-endpoint {same}\n{same_line}{cross_line}",
+            endpoints = self.endpoints,
+            same = pairs - cross.min(pairs),
+            same_line = line("same-endpoint", &self.same_endpoint_latency),
+            cross_line = line("cross-endpoint", &self.cross_endpoint_latency),
+        )
     }
 }
 

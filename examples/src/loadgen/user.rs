@@ -103,7 +103,7 @@ pub(super) async fn run_user(
 
 async fn connect(plan: &UserPlan, shared: &Shared) -> Result<Connection, ConnectionError> {
     let config = &shared.config;
-    let mut connection = Connection::open(&config.url, config.encoding, config.connect_timeout).await?;
+    let mut connection = Connection::open(&plan.url, config.encoding, config.connect_timeout).await?;
     connection
         .login(&config.token_mode.token(&plan.user), &config.device, "herald-loadgen", config.connect_timeout)
         .await?;
@@ -427,7 +427,9 @@ impl User {
             counters.window_delivered.incr();
         }
         if shared.in_window(payload.sent_us) {
-            shared.latency.record(self.plan.index, now_us.saturating_sub(payload.sent_us));
+            let latency = now_us.saturating_sub(payload.sent_us);
+            shared.latency.record(self.plan.index, latency);
+            shared.pair_latency(self.plan.crosses).record(self.plan.index, latency);
         }
         if self.verify {
             self.outcome.delivered_ids.push(message.id);

@@ -11,7 +11,7 @@ use herald_proto::Encoding;
 fn short_run(url: String) -> LoadConfig {
     LoadConfig {
         label: "relay".to_owned(),
-        url,
+        urls: vec![url],
         users: 20,
         duration: Duration::from_secs(2),
         warmup: Duration::from_millis(200),
@@ -36,6 +36,9 @@ async fn loadgen_delivers_and_acks_every_message_through_the_relay() {
     let verification = report.verification.expect("verified");
     assert!(verification.is_exact(), "{verification:?}");
     assert!(report.latency.count > 0 && report.latency.p50_us > 0);
+    assert_eq!((report.endpoints, report.cross_endpoint_pairs), (1, 0));
+    assert_eq!(report.same_endpoint_latency.count, report.latency.count);
+    assert!(!report.to_text().contains("endpoints:"), "one URL prints what it always did");
     let json = report.to_json();
     assert!(json["delivered_per_s"].as_f64().is_some_and(|rate| rate > 0.0));
 }
@@ -50,6 +53,29 @@ async fn loadgen_holds_a_fixed_rate_over_json() {
     assert!((900..=1100).contains(&window_sent), "{}", report.to_text());
     assert_eq!(report.counts.errors, 0, "{}", report.to_text());
     assert!(report.verification.expect("verified").is_exact());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loadgen_spreads_users_over_several_urls_and_splits_latency_by_pair() {
+    // The same relay under two URLs: every pair is delivered, and the run still counts
+    // which pairs joined users on different URLs.
+    let relay = Relay::spawn_local(RelayConfig::default()).await.expect("relay binds");
+    let url = relay.url();
+    let other = url.replace("127.0.0.1", "localhost");
+    // 12 users on each URL: 3 same-endpoint pairs on each, 6 pairs across.
+    let config =
+        LoadConfig { urls: vec![url, other], users: 24, cross_node_share: Some(0.5), ..short_run(String::new()) };
+    let report = loadgen::run(config).await.expect("run completes");
+    let text = report.to_text();
+    assert_eq!(report.counts.errors, 0, "{text}");
+    assert!(report.verification.expect("verified").is_exact(), "{text}");
+    assert_eq!((report.endpoints, report.pairs, report.cross_endpoint_pairs), (2, 12, 6), "{text}");
+    let (same, cross) = (report.same_endpoint_latency.count, report.cross_endpoint_latency.count);
+    assert!(same > 0 && cross > 0, "{text}");
+    assert_eq!(same + cross, report.latency.count, "{text}");
+    assert!(text.contains("pairs: 12, cross-endpoint 6 (50.0%), same-endpoint 6"), "{text}");
+    assert_eq!(text.matches("send->deliver latency:").count(), 1, "one overall line for scripts: {text}");
+    assert_eq!(report.to_json()["cross_endpoint_pairs"], 6);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,6 +56,22 @@ pub struct KvLimits {
     pub max_entries: usize,
 }
 
+impl KvLimits {
+    /// Checks a key, and the value when one is written, against the caps.
+    ///
+    /// # Errors
+    /// [`KvError::TooLarge`] naming the size and the cap.
+    pub fn check(&self, key: &str, value: Option<&[u8]>) -> Result<(), KvError> {
+        if key.len() > self.max_key_bytes {
+            return Err(KvError::TooLarge(format!("key of {} bytes exceeds {}", key.len(), self.max_key_bytes)));
+        }
+        if let Some(v) = value.filter(|v| v.len() > self.max_value_bytes) {
+            return Err(KvError::TooLarge(format!("value of {} bytes exceeds {}", v.len(), self.max_value_bytes)));
+        }
+        Ok(())
+    }
+}
+
 impl Default for KvLimits {
     fn default() -> Self {
         Self { max_key_bytes: 1024, max_value_bytes: 64 * 1024, max_entries: 1_000_000 }
@@ -138,17 +154,7 @@ impl MemoryKv {
     }
 
     fn check_sizes(&self, key: &str, value: Option<&[u8]>) -> Result<(), KvError> {
-        if key.len() > self.limits.max_key_bytes {
-            return Err(KvError::TooLarge(format!("key of {} bytes exceeds {}", key.len(), self.limits.max_key_bytes)));
-        }
-        if let Some(v) = value.filter(|v| v.len() > self.limits.max_value_bytes) {
-            return Err(KvError::TooLarge(format!(
-                "value of {} bytes exceeds {}",
-                v.len(),
-                self.limits.max_value_bytes
-            )));
-        }
-        Ok(())
+        self.limits.check(key, value)
     }
 
     /// Runs `f` on the map with expired entries of `key` removed, making room first if a

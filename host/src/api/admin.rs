@@ -75,18 +75,29 @@ pub async fn route(
     Ok(Json(json!({ "key": routed.key, "owner": routed.owner, "this_node": node.this_node() })))
 }
 
-/// `GET /admin/cluster`: this node, the nodes on the ring and how they share it. Embedded
+/// `GET /admin/cluster`: this node, the nodes on the ring and how they share it; in
+/// cluster mode also the live members with their addresses and this node's lease. Embedded
 /// mode is one node owning every key.
 pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     let view = node.router.topology().view();
     let ring = &view.ring;
-    Ok(Json(json!({
-        "mode": "embedded",
-        "this_node": node.this_node(),
-        "epoch": view.epoch,
-        "nodes": ring.nodes().iter().map(|id| json!({ "id": id, "points": ring.points_of(*id) })).collect::<Vec<_>>(),
-    })))
+    let nodes = ring.nodes().iter().map(|id| json!({ "id": id, "points": ring.points_of(*id) })).collect::<Vec<_>>();
+    Ok(Json(match &node.cluster {
+        None => json!({ "mode": "embedded", "this_node": node.this_node(), "epoch": view.epoch, "nodes": nodes }),
+        Some(cluster) => {
+            let status = cluster.status();
+            let members = status.members.iter().map(|(id, address)| json!({ "id": id, "advertise": address }));
+            json!({
+                "mode": "cluster",
+                "this_node": node.this_node(),
+                "epoch": view.epoch,
+                "nodes": nodes,
+                "members": members.collect::<Vec<_>>(),
+                "lease": { "held": status.holds_lease, "advertise": status.advertise, "peer_listen": status.peer_listen },
+            })
+        }
+    }))
 }
 
 /// `POST /admin/plugins/reload`: reloads the plugins folder now.

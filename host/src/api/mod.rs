@@ -121,6 +121,12 @@ async fn healthz() -> Json<serde_json::Value> {
 async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>, ApiError> {
     if node.is_draining() {
         Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "draining", "the server is shutting down"))
+    } else if !node.holds_lease() {
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "fenced",
+            "this node's cluster lease may have lapsed (Redis unreachable?); it does not act for its conversations",
+        ))
     } else if node.storage_ready().await {
         Ok(Json(json!({ "status": "ready" })))
     } else {

@@ -72,7 +72,21 @@ pub async fn announce(
             Ok(response)
         }
         AnnounceDecision::Duplicate => {
-            Ok((StatusCode::OK, Json(json!({ "duplicate": true, "archived": false }))).into_response())
+            // Answered like a duplicate send: with the original's ids when it was archived.
+            let original = match request.announcement_id.as_deref() {
+                Some(id) => node.pipeline.announcement_original(&room, &sender, id).await,
+                None => None,
+            };
+            let body = match original {
+                Some(original) => json!({
+                    "message_id": original.message_id.to_string(),
+                    "seq": original.seq.to_string(),
+                    "archived": true,
+                    "duplicate": true,
+                }),
+                None => json!({ "duplicate": true, "archived": false }),
+            };
+            Ok((StatusCode::OK, Json(body)).into_response())
         }
         AnnounceDecision::Accept(acceptance) => {
             let stored = node

@@ -1,24 +1,38 @@
 //! The connection every Redis-backed seam of a node shares, and the one rule all of them
 //! follow: no call to Redis without a deadline.
 //!
-//! [`RedisConnection`] wraps `redis`'s `ConnectionManager`: one multiplexed TCP connection
-//! (concurrent commands are pipelined on it, so many lookups cost one round trip of
-//! latency) that reconnects in the background after an I/O error. Cloning it is cheap and
-//! shares the connection. Redis Cluster (`redis+cluster://…`) is not connected here yet: it
-//! needs the `cluster-async` feature and a second variant behind this type; the keys and
-//! scripts of the seams are already designed for it (module doc of [`crate::cluster`]).
+//! [`RedisConnection`] is one of two things, picked by the URL, and the seams cannot tell
+//! which:
+//! - **one server** (`redis://…`): `redis`'s `ConnectionManager`, one multiplexed TCP
+//!   connection (concurrent commands are pipelined on it, so many lookups cost one round
+//!   trip of latency) that reconnects in the background after an I/O error;
+//! - **a Redis Cluster** (`redis+cluster://host:port[,host:port…]`, the nodes to start
+//!   from): `redis`'s cluster connection, one multiplexed connection per master, each
+//!   command sent to the master of its key's slot (following `MOVED`/`ASK`, refreshing the
+//!   slot map when it changes) and each script loaded on every master. A command or
+//!   script whose keys span slots fails there with `CROSSSLOT`, and a pipeline spanning
+//!   slots is refused by the client: the keys of cluster mode carry hash tags so that each
+//!   script and each multi-key step touches one slot (module doc of [`crate::cluster`]),
+//!   and lookups of many users are separate commands, never one pipeline.
 //!
-//! The manager reconnects after I/O errors only, not after calls that ran out of time: a
-//! connection that silently stopped answering is left to the circuit breaker cluster mode
-//! still needs (N consecutive timeouts → open, then a fresh connection).
+//! Cloning it is cheap and shares the connection(s). Either way, the client reconnects
+//! after I/O errors only, not after calls that ran out of time: a connection that silently
+//! stopped answering is left to the circuit breaker cluster mode still needs (N consecutive
+//! timeouts → open, then a fresh connection).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisError, ScriptInvocation};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClientBuilder, NodeAddress};
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
 
 use crate::routing::RouteError;
+
+/// The scheme that names a Redis Cluster rather than one server.
+const CLUSTER_SCHEME: &str = "redis+cluster://";
 
 /// A Redis call that failed or did not answer in time.
 #[derive(Debug, thiserror::Error)]
@@ -41,44 +55,60 @@ impl From<RedisFailure> for RouteError {
     }
 }
 
-/// A shared connection to Redis (one server, or a primary behind a proxy).
+/// A shared connection to Redis: one server (or a primary behind a proxy), or a Redis
+/// Cluster.
 #[derive(Clone)]
 pub struct RedisConnection {
-    /// Multiplexed and reconnecting; each clone shares the same socket.
-    manager: ConnectionManager,
+    /// Multiplexed and reconnecting; each clone shares the same socket(s).
+    handle: Handle,
+}
+
+/// The connection behind a [`RedisConnection`]; run commands on it (`query_async`,
+/// `invoke_async`) like on any of `redis`'s async connections, under a deadline
+/// ([`within`]).
+#[derive(Clone)]
+pub(crate) enum Handle {
+    /// One server.
+    Single(ConnectionManager),
+    /// A Redis Cluster: commands go to the master of their slot.
+    Cluster(ClusterConnection),
 }
 
 impl RedisConnection {
-    /// Connects to the Redis at `url` (`redis://[user:password@]host:port/db`), waiting at
-    /// most `connect_timeout` for the first connection.
+    /// Connects to the Redis at `url`, waiting at most `connect_timeout` for the first
+    /// connection: one server (`redis://[user:password@]host:port/db`) or a Redis Cluster
+    /// (`redis+cluster://[user:password@]host:port[,host:port…]`, any of its masters; the
+    /// others are found from them).
     ///
     /// # Errors
     /// [`RedisFailure::Connect`] when the URL is not valid or Redis cannot be reached in
-    /// time; the message names the URL without its password.
+    /// time (for a cluster: none of the nodes named answers, or it is not a cluster); the
+    /// message names the URL without its password.
     pub async fn connect(url: &str, connect_timeout: Duration) -> Result<Self, RedisFailure> {
+        Self::connect_with_node_map(url, connect_timeout, &HashMap::new()).await
+    }
+
+    /// As [`connect`](Self::connect), for a Redis Cluster whose nodes must be dialled at
+    /// other addresses than the ones they announce (in `CLUSTER SLOTS` and redirects):
+    /// behind NAT or port forwarding, or through a test's proxy. `node_map` maps an
+    /// announced `host:port` to the `host:port` to dial; addresses not in it are dialled as
+    /// announced. It does not apply to one server, whose URL already says where to dial.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); also when an entry of `node_map` is not `host:port`.
+    pub async fn connect_with_node_map(
+        url: &str,
+        connect_timeout: Duration,
+        node_map: &HashMap<String, String>,
+    ) -> Result<Self, RedisFailure> {
         let failed = |reason: String| RedisFailure::Connect { url: redact(url), reason };
-        let client = redis::Client::open(url).map_err(|error| failed(error.to_string()))?;
-        // One plain attempt first: the manager retries with backoff, which would hide why
-        // Redis cannot be reached (refused, wrong password) behind a bare timeout.
-        let probe = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(connect_timeout));
-        match tokio::time::timeout(connect_timeout, client.get_multiplexed_async_connection_with_config(&probe)).await {
-            Ok(Ok(_probe)) => {}
-            Ok(Err(error)) => return Err(failed(error.to_string())),
-            Err(_) => return Err(failed(format!("no connection within {connect_timeout:?}"))),
-        }
-        // Every call through this type carries its own deadline (`within`), so the manager's
-        // response timeout is left off; its connection timeout bounds each (re)connect.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(None)
-            .set_max_delay(Duration::from_secs(2));
-        match tokio::time::timeout(connect_timeout, ConnectionManager::new_with_config(client, config)).await {
-            Ok(Ok(manager)) => Ok(Self { manager }),
-            Ok(Err(error)) => Err(failed(error.to_string())),
-            Err(_) => Err(failed(format!("no connection within {connect_timeout:?}"))),
-        }
+        let handle = match cluster_nodes(url) {
+            Some(nodes) => Handle::Cluster(
+                connect_cluster(nodes.map_err(failed)?, connect_timeout, node_map).await.map_err(failed)?,
+            ),
+            None => Handle::Single(connect_single(url, connect_timeout).await.map_err(failed)?),
+        };
+        Ok(Self { handle })
     }
 
     /// Runs one command, at most `limit` long.
@@ -88,7 +118,7 @@ impl RedisConnection {
         limit: Duration,
         command: &Cmd,
     ) -> Result<T, RedisFailure> {
-        let mut connection = self.manager.clone();
+        let mut connection = self.handle();
         within(what, limit, command.query_async(&mut connection)).await
     }
 
@@ -99,14 +129,128 @@ impl RedisConnection {
         limit: Duration,
         script: &ScriptInvocation<'_>,
     ) -> Result<T, RedisFailure> {
-        let mut connection = self.manager.clone();
+        let mut connection = self.handle();
         within(what, limit, script.invoke_async(&mut connection)).await
     }
 
     /// A handle on the shared connection, for composing several concurrent calls under one
     /// deadline with [`within`].
-    pub(crate) fn handle(&self) -> ConnectionManager {
-        self.manager.clone()
+    pub(crate) fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+}
+
+/// One server: a probe, then the reconnecting manager.
+async fn connect_single(url: &str, connect_timeout: Duration) -> Result<ConnectionManager, String> {
+    let client = redis::Client::open(url).map_err(|error| error.to_string())?;
+    // One plain attempt first: the manager retries with backoff, which would hide why
+    // Redis cannot be reached (refused, wrong password) behind a bare timeout.
+    let probe = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(Some(connect_timeout));
+    let mut probe = match tokio::time::timeout(
+        connect_timeout,
+        client.get_multiplexed_async_connection_with_config(&probe),
+    )
+    .await
+    {
+        Ok(Ok(probe)) => probe,
+        Ok(Err(error)) => return Err(error.to_string()),
+        Err(_) => return Err(format!("no connection within {connect_timeout:?}")),
+    };
+    // A node of a Redis Cluster answers for its own slots only (`MOVED` for the rest): a
+    // deployment half working is worse than one refusing to start. A server (or proxy) that
+    // does not answer `INFO` is taken as one server.
+    let info: Result<String, _> =
+        tokio::time::timeout(connect_timeout, redis::cmd("INFO").arg("cluster").query_async(&mut probe))
+            .await
+            .unwrap_or(Ok(String::new()));
+    if info.is_ok_and(|info| info.lines().any(|line| line.trim() == "cluster_enabled:1")) {
+        return Err(format!(
+            "this Redis is a node of a Redis Cluster; name the cluster as {CLUSTER_SCHEME}host:port[,host:port…]"
+        ));
+    }
+    // Every call through this type carries its own deadline (`within`), so the manager's
+    // response timeout is left off; its connection timeout bounds each (re)connect.
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(None)
+        .set_max_delay(Duration::from_secs(2));
+    match tokio::time::timeout(connect_timeout, ConnectionManager::new_with_config(client, config)).await {
+        Ok(Ok(manager)) => Ok(manager),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no connection within {connect_timeout:?}")),
+    }
+}
+
+/// A Redis Cluster: connects to the nodes named, reads the slot map from them and connects
+/// to every master, all within `connect_timeout`.
+async fn connect_cluster(
+    nodes: Vec<String>,
+    connect_timeout: Duration,
+    node_map: &HashMap<String, String>,
+) -> Result<ClusterConnection, String> {
+    let address = |text: &String| text.parse::<NodeAddress>().map_err(|_| format!("{text:?} is not host:port"));
+    let map = node_map
+        .iter()
+        .map(|(announced, dial)| Ok((address(announced)?, address(dial)?)))
+        .collect::<Result<HashMap<_, _>, String>>()?;
+    // As for one server, no response timeout of the client's own: every call through this
+    // type carries its deadline (`within`), retries and redirections included.
+    let mut builder = ClusterClientBuilder::new(nodes).connection_timeout(connect_timeout);
+    if !map.is_empty() {
+        builder = builder.node_address_map(map);
+    }
+    let client = builder.build().map_err(|error| error.to_string())?;
+    match tokio::time::timeout(connect_timeout, client.get_async_connection()).await {
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no connection to the cluster within {connect_timeout:?}")),
+    }
+}
+
+/// The node URLs of a `redis+cluster://[userinfo@]host:port[,host:port…][/…]` URL, each
+/// `redis://[userinfo@]host:port[/…]`; `None` when `url` does not name a cluster, an error
+/// when it names no node.
+fn cluster_nodes(url: &str) -> Option<Result<Vec<String>, String>> {
+    let rest = url.strip_prefix(CLUSTER_SCHEME)?;
+    let (authority, path) = rest.find(['/', '?']).map_or((rest, ""), |at| rest.split_at(at));
+    let (userinfo, hosts) = authority.rsplit_once('@').map_or(("", authority), |(user, hosts)| (user, hosts));
+    let at = if userinfo.is_empty() { String::new() } else { format!("{userinfo}@") };
+    let nodes: Vec<String> =
+        hosts.split(',').filter(|host| !host.is_empty()).map(|host| format!("redis://{at}{host}{path}")).collect();
+    Some(if nodes.is_empty() {
+        Err(format!("{CLUSTER_SCHEME} names no node; list them as {CLUSTER_SCHEME}host:port[,host:port…]"))
+    } else {
+        Ok(nodes)
+    })
+}
+
+impl ConnectionLike for Handle {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(manager) => manager.req_packed_command(cmd),
+            Self::Cluster(cluster) => cluster.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(manager) => manager.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(cluster) => cluster.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(manager) => manager.get_db(),
+            Self::Cluster(cluster) => cluster.get_db(),
+        }
     }
 }
 
@@ -140,5 +284,42 @@ mod tests {
     fn passwords_never_reach_messages() {
         assert_eq!(redact("redis://user:secret@10.0.0.1:6379/0"), "redis://***@10.0.0.1:6379/0");
         assert_eq!(redact("redis://127.0.0.1:6379/0"), "redis://127.0.0.1:6379/0");
+        assert_eq!(
+            redact("redis+cluster://:secret@10.0.0.1:7001,10.0.0.2:7001"),
+            "redis+cluster://***@10.0.0.1:7001,10.0.0.2:7001"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_fails_to_connect_with_a_clear_message() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
+        let url = format!("redis+cluster://:secret@{closed},{closed}");
+        let started = tokio::time::Instant::now();
+        let error = RedisConnection::connect(&url, Duration::from_millis(500)).await.err().expect("nothing listens");
+        let message = error.to_string();
+        assert!(
+            message.starts_with(&format!("cannot connect to Redis at redis+cluster://***@{closed},{closed}: ")),
+            "{message}"
+        );
+        assert!(!message.contains("secret"), "{message}");
+        assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+        let error =
+            RedisConnection::connect("redis+cluster://", Duration::from_millis(500)).await.err().expect("no node");
+        assert!(error.to_string().contains("names no node"), "{error}");
+    }
+
+    #[test]
+    fn a_cluster_url_names_each_node_with_the_same_credentials() {
+        assert_eq!(cluster_nodes("redis://127.0.0.1:6379/0"), None, "one server");
+        assert_eq!(
+            cluster_nodes("redis+cluster://127.0.0.1:7001,127.0.0.1:7002"),
+            Some(Ok(vec!["redis://127.0.0.1:7001".to_owned(), "redis://127.0.0.1:7002".to_owned()]))
+        );
+        assert_eq!(
+            cluster_nodes("redis+cluster://ann:p%40ss@a:1,[::1]:2/0"),
+            Some(Ok(vec!["redis://ann:p%40ss@a:1/0".to_owned(), "redis://ann:p%40ss@[::1]:2/0".to_owned()]))
+        );
+        assert!(matches!(cluster_nodes("redis+cluster://"), Some(Err(_))));
+        assert!(matches!(cluster_nodes("redis+cluster://,/"), Some(Err(_))));
     }
 }

@@ -12,6 +12,8 @@
 //! | [`RouteTable`](crate::routing::RouteTable) | `MemoryRouteTable` | [`RedisRouteTable`] |
 //! | [`RoomDirectory`](crate::routing::rooms::RoomDirectory) | `MemoryRoomDirectory` | [`RedisRoomDirectory`] |
 //! | [`DedupMarks`](crate::pipeline::dedup::DedupMarks) | `LocalDedup` | [`RedisDedup`] |
+//! | [`PluginKv`](herald_plugin_runtime::PluginKv) (plugin runtime) | `MemoryKv` | [`RedisPluginKv`] |
+//! | [`RateLimiter`](herald_plugin_runtime::RateLimiter) (plugin runtime) | `MemoryLimiter` | [`RedisRateLimiter`] |
 //! | [`NodeBus`](crate::routing::bus::NodeBus) | `LocalBus` | [`peer::PeerBus`]: TCP links between nodes, not Redis |
 //!
 //! `node.rs` picks one implementation per seam once, at start-up, when `cluster.redis_url`
@@ -30,13 +32,17 @@
 //! | `route:gw:{n:<node>}` | set | `<user>\|<device>\|<connection>` of every route the node wrote | none: emptied by [`RedisRouteTable::drop_node`] |
 //! | `dedup:{u:<user>}:<client_msg_id>` | string | `pending`, then `stored\|<message_id>\|<seq>\|<conversation>` | `pending`: [`MarkLifetimes::pending_ttl`]; stored: [`MarkLifetimes::ttl`] |
 //! | `room:{r:<room>}:nodes` | set | the nodes with subscribers of the room | none: the last subscriber leaving removes the node |
+//! | `kv:{p:<plugin>:<key>}` | string | a value a plugin stored in its KV | the plugin's TTL, or none |
+//! | `limit:{p:<plugin>:<key>}` | string | a plugin rate-limit bucket's theoretical arrival time (GCRA, ms of Redis's clock) | until that time: the bucket is full again |
 //! | `node:{cluster}:leases` | sorted set | each leased node id, scored by its lease's expiry (ms, Redis's clock) | none: lapsed entries are removed by [`membership`]'s view script |
 //! | `node:{cluster}:holders` | hash | node id → `<advertise>\|<instance token>` | none: removed with the lease |
 //! | `node:{cluster}:epoch` | string | the counter every membership change increments | none |
 //! | `node:{cluster}:generation` | string | a random name of Redis's data set, to tell a forgotten lease from a lapsed one | none |
 //!
 //! Names are `[A-Za-z0-9._@-]` (model.rs), so a name never contains `{`, `}`, `|` or `:`
-//! and cannot break a hash tag or a field encoding.
+//! and cannot break a hash tag or a field encoding. Plugin names and the keys plugins choose
+//! are arbitrary text: [`plugin_state`] escapes `%`, braces, control characters (and `:` in
+//! the plugin name) as `%XX`, so they cannot break the tag either.
 //!
 //! # Failures
 //!
@@ -51,6 +57,7 @@ pub mod connection;
 pub mod keys;
 pub mod membership;
 pub mod peer;
+pub mod plugin_state;
 pub mod redis_dedup;
 pub mod redis_rooms;
 pub mod redis_routes;
@@ -59,6 +66,7 @@ use std::time::Duration;
 
 pub use connection::{RedisConnection, RedisFailure};
 pub use keys::{InvalidPrefix, KeyPrefix};
+pub use plugin_state::{RedisPluginKv, RedisRateLimiter};
 pub use redis_dedup::{MarkLifetimes, RedisDedup};
 pub use redis_rooms::RedisRoomDirectory;
 pub use redis_routes::RedisRouteTable;

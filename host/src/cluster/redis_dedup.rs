@@ -73,10 +73,13 @@ pub struct MarkLifetimes {
 }
 
 impl MarkLifetimes {
-    /// Stored marks live `ttl`; pending ones at most 30 s (never longer than `ttl`); a
-    /// duplicate waits at most 5 s.
+    /// Stored marks live `ttl`; pending ones at most 10 s (never longer than `ttl`); a
+    /// duplicate waits at most 5 s. A send takes milliseconds to store, and a forwarded one
+    /// gives up after 2 s, so 10 s is long past any live original; a pending mark left by a
+    /// node that died holds its retries up that long at most (the unique index in storage
+    /// catches a duplicate let through after that).
     pub fn with_ttl(ttl: Duration) -> Self {
-        Self { ttl, pending_ttl: ttl.min(Duration::from_secs(30)), wait_for_original: Duration::from_secs(5) }
+        Self { ttl, pending_ttl: ttl.min(Duration::from_secs(10)), wait_for_original: Duration::from_secs(5) }
     }
 }
 
@@ -223,7 +226,7 @@ mod tests {
     #[test]
     fn pending_marks_never_outlive_stored_ones() {
         assert_eq!(MarkLifetimes::with_ttl(Duration::from_millis(200)).pending_ttl, Duration::from_millis(200));
-        assert_eq!(MarkLifetimes::with_ttl(Duration::from_secs(600)).pending_ttl, Duration::from_secs(30));
+        assert_eq!(MarkLifetimes::with_ttl(Duration::from_secs(600)).pending_ttl, Duration::from_secs(10));
         assert_eq!(millis(Duration::ZERO), 1);
     }
 }

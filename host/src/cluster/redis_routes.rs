@@ -54,6 +54,11 @@ static LOGIN: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// KEYS[1] the user's hash; ARGV[1] the device, ARGV[2] the encoded route. Writes it only if
+/// the device has no route; returns 1 if it wrote.
+static RESTORE: LazyLock<Script> =
+    LazyLock::new(|| Script::new("return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])"));
+
 /// KEYS[1] the user's hash; ARGV[1] the device, ARGV[2] `<node>|<connection>|`. Deletes the
 /// field only if it still starts with ARGV[2]; returns 1 if it did.
 static LOGOUT: LazyLock<Script> = LazyLock::new(|| {
@@ -161,6 +166,16 @@ impl RouteTable for RedisRouteTable {
             tracing::warn!(%user, %device, %failure, "route removed, but not from its node's set");
         }
         Ok(removed == 1)
+    }
+
+    async fn restore(&self, route: Route) -> Result<bool, RouteError> {
+        let mut remember = redis::cmd("SADD");
+        remember.arg(self.keys.gateway(route.node)).arg(member(&route.user, &route.device, route.connection));
+        self.redis.query::<()>("route restore (node set)", self.timeouts.write, &remember).await?;
+        let mut restore = RESTORE.prepare_invoke();
+        restore.key(self.keys.route(&route.user)).arg(route.device.as_str()).arg(encode(&route));
+        let wrote: u8 = self.redis.invoke("route restore", self.timeouts.write, &restore).await?;
+        Ok(wrote == 1)
     }
 
     /// One `HGETALL` per user, all sent at once on the multiplexed connection, so the

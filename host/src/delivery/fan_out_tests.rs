@@ -47,6 +47,10 @@ impl RouteTable for CountingRoutes {
         self.lookups.lock().unwrap_or_else(|p| p.into_inner()).push(users.to_vec());
         self.table.devices_of(users).await
     }
+
+    async fn restore(&self, route: Route) -> Result<bool, RouteError> {
+        self.table.restore(route).await
+    }
 }
 
 /// Logs `user`'s `device` in on `node` (another node's connection).

@@ -31,6 +31,11 @@ impl Sessions {
         self.by_id.get(&id).map(|c| Arc::clone(&c))
     }
 
+    /// Every open session.
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        self.by_id.iter().map(|entry| Arc::clone(entry.value())).collect()
+    }
+
     /// How many are open.
     pub fn len(&self) -> usize {
         self.by_id.len()

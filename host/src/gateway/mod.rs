@@ -93,13 +93,15 @@ impl Gateway {
         Self {
             config,
             auth,
-            clock,
             routes,
             connections: Connections::default(),
             pipeline,
             delivery,
             plugins,
-            next_connection: AtomicU64::new(1),
+            // Numbered from the start time up, so no two lives of a node id reuse one: a route
+            // left behind by an earlier process can never be taken for one of this process's.
+            next_connection: AtomicU64::new(clock.now_ms() << 20 | 1),
+            clock,
             draining: AtomicBool::new(false),
         }
     }
@@ -112,6 +114,18 @@ impl Gateway {
     /// Whether shutdown has begun.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Closes the connection of `route` with 4009 (its device connected again on another
+    /// node), if it is still here and still that device's. Returns whether it was.
+    pub fn kick(&self, route: &Route) -> bool {
+        let Some(session) = self.delivery.sessions().get(route.connection) else { return false };
+        if session.user != route.user || session.device != route.device {
+            return false;
+        }
+        let Some(connection) = self.connections.get(route.connection) else { return false };
+        connection.close(CloseReason::new(close::KICKED, "the same user and device connected again"));
+        true
     }
 
     /// Sends every connection (and any that finishes its handshake from now on) `go_away`,
@@ -289,9 +303,7 @@ async fn kick_previous(gateway: &Gateway, session: &Session) -> Option<Arc<Sessi
         }
         return None;
     }
-    if let Some(old) = gateway.connections.get(replaced.connection) {
-        old.close(CloseReason::new(close::KICKED, "the same user and device connected again"));
-    }
+    gateway.kick(&replaced);
     gateway.delivery.sessions().get(replaced.connection)
 }
 

@@ -8,6 +8,6 @@ pub mod seq;
 pub mod snowflake;
 
 pub use crate::config::SeqConfig;
-pub use crate::store::{LeaseError, SeqRange};
-pub use seq::SeqAllocator;
+pub use crate::store::{Fence, LeaseError, OwnerClaim, SeqRange};
+pub use seq::{Allocated, SeqAllocator};
 pub use snowflake::{SnowflakeGenerator, decompose};

@@ -21,7 +21,15 @@
 //! - **Idle entries are forgotten.** [`SeqAllocator::evict_idle`] drops conversations no seq
 //!   was taken from since its last call; their next seq comes from a new lease, above all
 //!   earlier ones. A lease still under way for a dropped entry is discarded, never handed to
-//!   its successor, so the invariants above hold across evictions.
+//!   its successor, so the invariants above hold across evictions. [`SeqAllocator::forget`]
+//!   and [`SeqAllocator::retain`] drop entries the same way, whether idle or not: the
+//!   conversations this node no longer owns.
+//! - **One fence per conversation.** Every lease is made with the caller's [`OwnerClaim`] and
+//!   comes back with the [`Fence`] its messages must carry to be committed (see
+//!   `store/seq_lease.rs`); each seq is handed out with its segment's fence. The segments
+//!   held for a conversation all share one fence: a lease that comes back under another
+//!   fence (another node owned the conversation in between) drops those still held, which
+//!   could no longer commit; a lease refused ([`LeaseError::Superseded`]) drops them too.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -33,7 +41,16 @@ use tokio::time::Instant;
 
 use crate::config::{MAX_PREFETCH, SeqConfig};
 use crate::model::ConversationId;
-use crate::store::{LeaseError, SeqLeases, SeqRange};
+use crate::store::{Fence, Lease, LeaseError, OwnerClaim, SeqLeases, SeqRange};
+
+/// A seq and the fence of the lease it came from, which its message carries to the commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocated {
+    /// The seq.
+    pub seq: u64,
+    /// The owner the seq was leased under.
+    pub fence: Fence,
+}
 
 /// Hands out seqs for every conversation this node owns.
 pub struct SeqAllocator {
@@ -62,6 +79,8 @@ struct Conversation {
 }
 
 struct Segments {
+    /// The fence every segment held was leased under; `None` until the first lease.
+    fence: Option<Fence>,
     /// Next seq to hand out.
     next: u64,
     /// Last seq of the current segment; the segment is used up when `next > last`.
@@ -88,7 +107,7 @@ struct Segments {
 /// What one attempt at the fast path found.
 enum Take {
     /// A seq, and whether a prefetch should now start.
-    Seq(u64, bool),
+    Seq(Allocated, bool),
     /// No seq in memory: lease one.
     Empty,
 }
@@ -97,6 +116,7 @@ impl Conversation {
     fn new(config: &SeqConfig) -> Self {
         Self {
             segments: Segments {
+                fence: None,
                 next: 1,
                 last: 0,
                 queued: VecDeque::new(),
@@ -121,6 +141,7 @@ impl Conversation {
                 None => return Take::Empty,
             }
         }
+        let Some(fence) = s.fence else { return Take::Empty };
         let seq = s.next;
         s.next += 1;
         let remaining = s.last + 1 - s.next;
@@ -128,15 +149,20 @@ impl Conversation {
         if prefetch {
             s.prefetching = true;
         }
-        Take::Seq(seq, prefetch)
+        Take::Seq(Allocated { seq, fence }, prefetch)
     }
 
     fn has_available(&self) -> bool {
         self.segments.next <= self.segments.last || !self.segments.queued.is_empty()
     }
 
-    /// Adds a freshly leased range: in use at once if nothing else is left, else queued.
-    fn push(&mut self, range: SeqRange, config: &SeqConfig) {
+    /// Adds a range freshly leased under `fence`: in use at once if nothing else is left,
+    /// else queued. Segments held under another fence are dropped first.
+    fn push(&mut self, range: SeqRange, fence: Fence, config: &SeqConfig) {
+        if self.segments.fence != Some(fence) {
+            self.drop_segments();
+            self.segments.fence = Some(fence);
+        }
         let s = &mut self.segments;
         debug_assert!(range.first > s.queued.back().map_or(s.last, |r| r.last), "leases must only go up: {range:?}");
         if s.next > s.last && s.queued.is_empty() {
@@ -144,6 +170,15 @@ impl Conversation {
         } else {
             s.queued.push_back(range);
         }
+    }
+
+    /// Drops every segment held (they were leased under a fence that can no longer commit):
+    /// the next seq comes from a new lease, above them all.
+    fn drop_segments(&mut self) {
+        let s = &mut self.segments;
+        s.next = s.last + 1;
+        s.queued.clear();
+        s.fence = None;
     }
 
     /// Whether `refill` is this entry's lock (the entry was not evicted and made again).
@@ -214,30 +249,37 @@ impl SeqAllocator {
         }
     }
 
-    /// The next seq of `conversation`: above every seq this allocator gave it before, and
-    /// never given out by any allocator before.
+    /// The next seq of `conversation`, with the fence its message must carry: above every
+    /// seq this allocator gave it before, and never given out by any allocator before.
+    /// `claim` (this node, and the epoch of the ring that makes it the owner) is what any
+    /// lease needed is made with, in the foreground or ahead of need.
     ///
     /// # Errors
-    /// [`LeaseError`] when a segment was needed and the database did not give one; nothing
-    /// was consumed and the call may be retried.
-    pub async fn next(self: &Arc<Self>, conversation: &ConversationId) -> Result<u64, LeaseError> {
+    /// [`LeaseError::Superseded`] when a segment was needed and another node owns the
+    /// conversation now (the segments still held are dropped); [`LeaseError::Database`]
+    /// when the database did not give one. Nothing was consumed and the call may be retried.
+    pub async fn next(
+        self: &Arc<Self>,
+        conversation: &ConversationId,
+        claim: OwnerClaim,
+    ) -> Result<Allocated, LeaseError> {
         loop {
             // Fast path: a seq from memory, under the map's shard lock, no allocation.
             let taken = self.conversations.get_mut(conversation).map(|mut entry| entry.take(&self.config));
             match taken {
-                Some(Take::Seq(seq, prefetch)) => {
+                Some(Take::Seq(allocated, prefetch)) => {
                     if prefetch {
-                        self.spawn_prefetch(conversation.clone());
+                        self.spawn_prefetch(conversation.clone(), claim);
                     }
-                    return Ok(seq);
+                    return Ok(allocated);
                 }
-                Some(Take::Empty) | None => self.refill(conversation).await?,
+                Some(Take::Empty) | None => self.refill(conversation, claim).await?,
             }
         }
     }
 
     /// Leases a segment in the foreground because none is left in memory.
-    async fn refill(&self, conversation: &ConversationId) -> Result<(), LeaseError> {
+    async fn refill(&self, conversation: &ConversationId, claim: OwnerClaim) -> Result<(), LeaseError> {
         let refill = self.refill_lock(conversation);
         let _refilling = refill.lock().await;
         let Some(step) = self.with_entry(conversation, &refill, |c| (!c.has_available()).then_some(c.segments.step))
@@ -250,14 +292,30 @@ impl SeqAllocator {
         metrics::counter!("herald_seq_foreground_leases_total").increment(1);
         self.foreground_leases.fetch_add(1, Ordering::Relaxed);
         self.leases.fetch_add(1, Ordering::Relaxed);
-        let range = self.leaser.lease(conversation, step).await?;
-        self.with_entry(conversation, &refill, |c| c.push(range, &self.config));
+        let lease = self.lease(conversation, &refill, step, claim).await?;
+        self.with_entry(conversation, &refill, |c| c.push(lease.range, lease.fence, &self.config));
         Ok(())
+    }
+
+    /// One lease for the entry `refill` belongs to; when another node owns the conversation
+    /// now, the entry's segments are dropped, since they could no longer commit.
+    async fn lease(
+        &self,
+        conversation: &ConversationId,
+        refill: &Arc<tokio::sync::Mutex<()>>,
+        step: u64,
+        claim: OwnerClaim,
+    ) -> Result<Lease, LeaseError> {
+        let leased = self.leaser.lease(conversation, step, claim).await;
+        if let Err(LeaseError::Superseded { .. }) = &leased {
+            self.with_entry(conversation, refill, Conversation::drop_segments);
+        }
+        leased
     }
 
     /// Leases in the background until enough segments wait ahead: every missing segment
     /// in one lease, split up here.
-    fn spawn_prefetch(self: &Arc<Self>, conversation: ConversationId) {
+    fn spawn_prefetch(self: &Arc<Self>, conversation: ConversationId, claim: OwnerClaim) {
         let allocator = Arc::clone(self);
         tokio::spawn(async move {
             let refill = allocator.refill_lock(&conversation);
@@ -274,11 +332,11 @@ impl SeqAllocator {
                     .flatten();
                 let Some((step, segments)) = wanted else { break };
                 allocator.leases.fetch_add(1, Ordering::Relaxed);
-                match allocator.leaser.lease(&conversation, step * segments as u64).await {
-                    Ok(range) => {
+                match allocator.lease(&conversation, &refill, step * segments as u64, claim).await {
+                    Ok(lease) => {
                         allocator.with_entry(&conversation, &refill, |c| {
-                            for segment in split(range, step) {
-                                c.push(segment, &allocator.config);
+                            for segment in split(lease.range, step) {
+                                c.push(segment, lease.fence, &allocator.config);
                             }
                         });
                     }
@@ -332,6 +390,23 @@ impl SeqAllocator {
         before.saturating_sub(self.conversations.len())
     }
 
+    /// Forgets `conversation`'s segments, held or being leased: its next seq comes from a
+    /// new lease, above them all (a gap). For a conversation this node may no longer own:
+    /// its lease was refused, a commit was fenced, or its lease on the cluster is in doubt.
+    pub fn forget(&self, conversation: &ConversationId) {
+        self.conversations.remove(conversation);
+    }
+
+    /// Keeps only the conversations `keep` says yes to, forgetting the others as
+    /// [`forget`](Self::forget) does, whether idle or not: after a ring change, the
+    /// conversations this node no longer owns. `keep` runs under the map's shard locks: it
+    /// must not call back into this allocator. Returns how many were forgotten.
+    pub fn retain(&self, keep: impl Fn(&ConversationId) -> bool) -> usize {
+        let before = self.conversations.len();
+        self.conversations.retain(|conversation, _| keep(conversation));
+        before.saturating_sub(self.conversations.len())
+    }
+
     /// Conversations with segments in memory.
     pub fn conversations(&self) -> usize {
         self.conversations.len()
@@ -362,34 +437,55 @@ mod tests {
     use std::sync::Mutex;
     use std::sync::atomic::AtomicUsize;
 
-    /// An in-memory `session_seq` table: pure logic, so a fake is fair here. The real
-    /// backends are tested in `tests/` against SQLite, MariaDB and PostgreSQL.
+    use crate::model::NodeId;
+
+    /// The claim of the node these tests play, at the first ring epoch.
+    const CLAIM: OwnerClaim = OwnerClaim { node: NodeId(1), epoch: 1 };
+
+    /// An in-memory `session_seq` table: pure logic, so a fake is fair here (the owner rule
+    /// is the store's own, [`OwnerClaim::against`]). The real backends are tested in
+    /// `tests/` against SQLite, MariaDB and PostgreSQL.
     /// Each lease takes 1 ms, unless `delays_ms` says otherwise (popped one per lease).
     #[derive(Default)]
     struct MemoryLeaser {
-        max: Mutex<HashMap<String, u64>>,
+        rows: Mutex<HashMap<String, (u64, Fence)>>,
         leases: AtomicUsize,
         delays_ms: Mutex<VecDeque<u64>>,
     }
 
     #[async_trait]
     impl SeqLeases for MemoryLeaser {
-        async fn lease(&self, conversation: &ConversationId, step: u64) -> Result<SeqRange, LeaseError> {
+        async fn lease(
+            &self,
+            conversation: &ConversationId,
+            step: u64,
+            claim: OwnerClaim,
+        ) -> Result<Lease, LeaseError> {
             self.leases.fetch_add(1, Ordering::SeqCst);
             let delay = self.delays_ms.lock().expect("not poisoned").pop_front().unwrap_or(1);
             tokio::time::sleep(Duration::from_millis(delay)).await;
-            let mut max = self.max.lock().expect("not poisoned");
-            let high = max.entry(conversation.as_str().to_owned()).or_default();
-            let first = *high + 1;
-            *high += step;
-            Ok(SeqRange { first, last: *high })
+            let mut rows = self.rows.lock().expect("not poisoned");
+            let row = rows.get(conversation.as_str()).copied();
+            let fence = claim.against(row.map(|(_, fence)| fence)).map_err(|owner| LeaseError::Superseded {
+                conversation: conversation.clone(),
+                node: owner.node,
+                epoch: owner.epoch,
+            })?;
+            let high = row.map_or(0, |(high, _)| high) + step;
+            rows.insert(conversation.as_str().to_owned(), (high, fence));
+            Ok(Lease { range: SeqRange { first: high + 1 - step, last: high }, fence })
         }
     }
 
     impl MemoryLeaser {
         fn high_water(&self, conversation: &ConversationId) -> u64 {
-            self.max.lock().expect("not poisoned").get(conversation.as_str()).copied().unwrap_or(0)
+            self.rows.lock().expect("not poisoned").get(conversation.as_str()).map_or(0, |(high, _)| *high)
         }
+    }
+
+    /// The seq of an allocation (the fence is checked where it matters).
+    async fn next(allocator: &Arc<SeqAllocator>, conversation: &ConversationId) -> Result<u64, LeaseError> {
+        allocator.next(conversation, CLAIM).await.map(|allocated| allocated.seq)
     }
 
     fn conversation(name: &str) -> ConversationId {
@@ -406,7 +502,7 @@ mod tests {
         let mut last = 0;
         for i in 0..100 {
             let started = Instant::now();
-            let seq = allocator.next(&room).await.expect("lease");
+            let seq = next(&allocator, &room).await.expect("lease");
             // Time is paused and a lease takes 1 ms: only the very first call may wait.
             if i > 0 {
                 assert_eq!(started.elapsed(), Duration::ZERO, "call {i} waited for a lease");
@@ -435,7 +531,7 @@ mod tests {
         for ms in 0..300 {
             for _ in 0..100 {
                 let started = Instant::now();
-                let seq = allocator.next(&room).await.expect("lease");
+                let seq = next(&allocator, &room).await.expect("lease");
                 if ms > 0 {
                     assert_eq!(started.elapsed(), Duration::ZERO, "a call waited for a lease at {ms} ms");
                 }
@@ -467,7 +563,7 @@ mod tests {
         leaser.delays_ms.lock().expect("not poisoned").extend([0; 200]);
         for _ in 0..100 {
             for _ in 0..10 {
-                allocator.next(&room).await.expect("lease");
+                next(&allocator, &room).await.expect("lease");
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -483,7 +579,7 @@ mod tests {
         for ms in 0..50 {
             for _ in 0..10 {
                 let started = Instant::now();
-                let seq = allocator.next(&room).await.expect("lease");
+                let seq = next(&allocator, &room).await.expect("lease");
                 assert_eq!(started.elapsed(), Duration::ZERO, "a call waited for a lease at {ms} ms");
                 assert!(seq > last);
                 last = seq;
@@ -500,13 +596,13 @@ mod tests {
         let allocator = Arc::new(SeqAllocator::new(leaser, config));
         let hot = conversation("grp:hot");
         for _ in 0..500 {
-            allocator.next(&hot).await.expect("lease");
+            next(&allocator, &hot).await.expect("lease");
             tokio::task::yield_now().await;
         }
         assert_eq!(allocator.current_step(&hot), Some(64));
         for _ in 0..400 {
             tokio::time::sleep(Duration::from_secs(30)).await;
-            allocator.next(&hot).await.expect("lease");
+            next(&allocator, &hot).await.expect("lease");
         }
         assert_eq!(allocator.current_step(&hot), Some(4));
     }
@@ -517,19 +613,19 @@ mod tests {
         let config = SeqConfig { min_step: 10, max_step: 10, ..SeqConfig::default() };
         let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
         let (quiet, busy) = (conversation("dm:a:b"), conversation("room:busy"));
-        let first_quiet = allocator.next(&quiet).await.expect("lease");
-        allocator.next(&busy).await.expect("lease");
+        let first_quiet = next(&allocator, &quiet).await.expect("lease");
+        next(&allocator, &busy).await.expect("lease");
         tokio::time::sleep(Duration::from_millis(5)).await; // prefetches finish
 
         // The first sweep only clears the marks; `busy` is used again before the second.
         assert_eq!(allocator.evict_idle(), 0);
-        allocator.next(&busy).await.expect("seq");
+        next(&allocator, &busy).await.expect("seq");
         assert_eq!(allocator.evict_idle(), 1, "only the idle conversation goes");
         assert_eq!(allocator.conversations(), 1);
 
         // Coming back, it leases afresh: the rest of its old segments is a gap, never reused.
         let leases_before = leaser.leases.load(Ordering::SeqCst);
-        let again = allocator.next(&quiet).await.expect("lease");
+        let again = next(&allocator, &quiet).await.expect("lease");
         assert_eq!(first_quiet, 1, "the first lease was 1..=10");
         assert_eq!(again, 11, "after the whole old lease: 2..=10 are skipped, none reused");
         assert!(leaser.leases.load(Ordering::SeqCst) > leases_before, "a new lease was taken");
@@ -545,7 +641,7 @@ mod tests {
         for round in 0..20 {
             // Take seqs so prefetches start, and evict while they may be under way.
             for _ in 0..7 {
-                seen.push(allocator.next(&room).await.expect("seq"));
+                seen.push(next(&allocator, &room).await.expect("seq"));
             }
             allocator.evict_idle();
             allocator.evict_idle();
@@ -561,17 +657,115 @@ mod tests {
         struct Flaky(AtomicUsize);
         #[async_trait]
         impl SeqLeases for Flaky {
-            async fn lease(&self, conversation: &ConversationId, step: u64) -> Result<SeqRange, LeaseError> {
+            async fn lease(
+                &self,
+                conversation: &ConversationId,
+                step: u64,
+                claim: OwnerClaim,
+            ) -> Result<Lease, LeaseError> {
                 if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
-                    return Err(LeaseError { conversation: conversation.to_string(), reason: "down".into() });
+                    return Err(LeaseError::Database { conversation: conversation.clone(), reason: "down".into() });
                 }
-                Ok(SeqRange { first: 1, last: step })
+                let fence = Fence { node: claim.node, epoch: claim.epoch };
+                Ok(Lease { range: SeqRange { first: 1, last: step }, fence })
             }
         }
         let allocator = Arc::new(SeqAllocator::new(Arc::new(Flaky(AtomicUsize::new(0))), SeqConfig::default()));
         let dm = conversation("dm:a:b");
-        let error = allocator.next(&dm).await.expect_err("first lease fails");
+        let error = next(&allocator, &dm).await.expect_err("first lease fails");
         assert!(error.to_string().contains("dm:a:b"), "{error}");
-        assert_eq!(allocator.next(&dm).await.expect("second lease"), 1);
+        assert_eq!(next(&allocator, &dm).await.expect("second lease"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_under_another_fence_drops_the_segments_still_held() {
+        let leaser = Arc::new(MemoryLeaser::default());
+        let config = SeqConfig { min_step: 10, max_step: 10, prefetch_ahead: Duration::ZERO, ..SeqConfig::default() };
+        let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
+        let room = conversation("room:lobby");
+        let first = allocator.next(&room, CLAIM).await.expect("seq");
+        assert_eq!(first, Allocated { seq: 1, fence: Fence { node: CLAIM.node, epoch: 1 } });
+        tokio::time::sleep(Duration::from_millis(5)).await; // the prefetch lands: 11..=30 held
+
+        // Node 2 takes the conversation over at epoch 2, then this node takes it back at 3:
+        // the segments it still holds were leased under a fence no commit will accept.
+        let other = OwnerClaim { node: NodeId(2), epoch: 2 };
+        let taken = leaser.lease(&room, 10, other).await.expect("node 2 takes over");
+        let back = OwnerClaim { node: CLAIM.node, epoch: 3 };
+        let theirs = leaser.lease(&room, 10, back).await.expect("taken back");
+        assert_eq!(theirs.fence, Fence { node: CLAIM.node, epoch: 3 });
+        // What this allocator holds still carries the old fence (its commits will be
+        // refused and the caller forgets it) until a lease of its own comes back.
+        let stale = allocator.next(&room, back).await.expect("seq");
+        assert_eq!(stale.fence.epoch, 1);
+        for _ in 0..40 {
+            allocator.next(&room, back).await.expect("seq");
+        }
+        let fresh = allocator.next(&room, back).await.expect("seq");
+        assert_eq!(fresh.fence, Fence { node: CLAIM.node, epoch: 3 }, "only seqs of the new fence from here");
+        assert!(fresh.seq > taken.range.last, "above node 2's range: {fresh:?} vs {taken:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_lease_drops_the_segments_held_and_names_the_owner() {
+        let leaser = Arc::new(MemoryLeaser::default());
+        let config = SeqConfig {
+            min_step: 10,
+            max_step: 10,
+            prefetch_segments: 1,
+            prefetch_ahead: Duration::ZERO,
+            ..SeqConfig::default()
+        };
+        let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
+        let dm = conversation("dm:a:b");
+        next(&allocator, &dm).await.expect("seq");
+        leaser.lease(&dm, 10, OwnerClaim { node: NodeId(2), epoch: 2 }).await.expect("node 2 takes over");
+
+        // Use up the segment in use; the prefetch (and then the refill) are refused.
+        let mut refused = None;
+        for _ in 0..40 {
+            match next(&allocator, &dm).await {
+                Ok(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+                Err(error) => {
+                    refused = Some(error);
+                    break;
+                }
+            }
+        }
+        let Some(LeaseError::Superseded { conversation, node, epoch }) = refused else {
+            panic!("the lease must be refused once node 2 owns the conversation: {refused:?}")
+        };
+        assert_eq!((conversation, node, epoch), (dm.clone(), NodeId(2), 2));
+        assert!(
+            !allocator.conversations.get(&dm).is_some_and(|c| c.has_available()),
+            "nothing held under the old fence is handed out again"
+        );
+        // At a newer epoch this node takes it back, above everything node 2 was given.
+        let back = allocator.next(&dm, OwnerClaim { node: CLAIM.node, epoch: 3 }).await.expect("taken back");
+        assert_eq!(back.fence, Fence { node: CLAIM.node, epoch: 3 });
+        assert!(back.seq > 20, "{back:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn forgotten_and_unretained_conversations_lease_afresh_above_their_old_seqs() {
+        let leaser = Arc::new(MemoryLeaser::default());
+        let config = SeqConfig { min_step: 10, max_step: 10, ..SeqConfig::default() };
+        let allocator = Arc::new(SeqAllocator::new(leaser.clone(), config));
+        let (mine, theirs, gone) = (conversation("dm:a:b"), conversation("room:x"), conversation("grp:g"));
+        for c in [&mine, &theirs, &gone] {
+            assert_eq!(next(&allocator, c).await.expect("seq"), 1);
+        }
+        allocator.forget(&gone);
+        assert_eq!(allocator.conversations(), 2);
+        assert_eq!(allocator.retain(|c| c != &theirs), 1, "the one this node no longer owns");
+        assert_eq!(allocator.retain(|_| true), 0);
+        assert_eq!(allocator.conversations(), 1);
+        assert_eq!(next(&allocator, &mine).await.expect("seq"), 2, "kept: its segment goes on");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        for c in [&theirs, &gone] {
+            let high = leaser.high_water(c);
+            let again = next(&allocator, c).await.expect("seq");
+            assert_eq!(again, high + 1, "a new lease, above all the old ones: {c}");
+        }
     }
 }

@@ -5,7 +5,11 @@ use std::sync::Arc;
 
 use super::dedup::{Mark, Outcome};
 use super::{Pipeline, SendError};
-use crate::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
+use crate::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, Message, NodeId, UserId};
+use crate::routing::bus::{Origin, SendRequest};
+use crate::routing::router::SendOwner;
+use crate::store::OwnerClaim;
+use herald_proto::v1::{self, send_ack::Status};
 
 /// Application `kind` of announcements stored as room messages.
 pub const ANNOUNCEMENT_KIND: u32 = 0;
@@ -62,6 +66,12 @@ impl Pipeline {
             self.delivery.fan_out(Arc::new(message)).await;
             return Ok(Announced { message_id, seq: 0, archived: false, duplicate: false });
         }
+        // Stored by the room's owner only, with its claim: another node's announcement is
+        // forwarded to the owner as a send from the API's device, and its ack comes back.
+        let claim = match self.router.send_owner(sender, room).await {
+            SendOwner::Here { node, epoch } => OwnerClaim { node, epoch },
+            SendOwner::Elsewhere(owner) => return self.announce_at(owner, message).await,
+        };
         match self.dedup.try_mark(sender, &message.client_msg_id).await {
             Mark::Fresh => {}
             Mark::Stored(original) => return Ok(Announced::stored(&original, true)),
@@ -69,7 +79,7 @@ impl Pipeline {
         }
         let lane = self.lanes.get(room);
         let client_msg_id = message.client_msg_id.clone();
-        let (message, ticket) = match self.enqueue(&lane, message).await {
+        let (message, ticket) = match self.enqueue(&lane, message, claim).await {
             Ok(queued) => queued,
             Err(error) => {
                 self.dedup.cancel(sender, &client_msg_id).await;
@@ -80,6 +90,66 @@ impl Pipeline {
         self.release(&lane).await;
         let (status, outcome) = settled?;
         Ok(Announced::stored(&outcome, status == herald_proto::v1::send_ack::Status::Duplicate))
+    }
+}
+
+impl Pipeline {
+    /// Has `owner` store an archived announcement: the same send a client's would be,
+    /// from the API's device (the owner takes a send from another node's origin without a
+    /// room subscription: the announce policy decided here).
+    async fn announce_at(&self, owner: NodeId, message: Message) -> Result<Announced, SendError> {
+        let request = SendRequest {
+            origin: Origin {
+                user: message.sender.clone(),
+                device: message.sender_device.clone(),
+                node: self.router.this_node(),
+                connection: ConnectionId(0),
+            },
+            rid: 0,
+            send: v1::Send {
+                client_msg_id: message.client_msg_id.to_string(),
+                conversation: message.conversation.to_string(),
+                kind: message.kind,
+                body: message.body.clone(),
+            },
+        };
+        let ack = self
+            .bus
+            .forward_send(owner, request)
+            .await
+            .map_err(|cause| SendError::OwnerUnreachable { owner, cause })?
+            .ack;
+        match ack.status() {
+            Status::Ok | Status::Duplicate => Ok(Announced {
+                message_id: ack.message_id,
+                seq: ack.seq,
+                archived: true,
+                duplicate: ack.status() == Status::Duplicate,
+            }),
+            Status::Rejected | Status::Unspecified => Err(SendError::Refused(ack.reason)),
+            Status::Retry => Err(SendError::NotOwner { owner }),
+        }
+    }
+
+    /// The original of an archived announcement the announce policy called a duplicate:
+    /// its ids, from the dedup mark its store left (shared by every node in cluster mode;
+    /// kept `delivery.dedup_ttl_ms`). Waits for an original still being stored. `None` when
+    /// there is no mark: the original was not archived, or its mark expired.
+    pub async fn announcement_original(
+        &self,
+        room: &ConversationId,
+        sender: &UserId,
+        announcement_id: &str,
+    ) -> Option<Announced> {
+        let client_msg_id = announcement_client_id(room, Some(announcement_id));
+        match self.dedup.try_mark(sender, &client_msg_id).await {
+            Mark::Stored(original) => Some(Announced::stored(&original, true)),
+            Mark::InFlight(original) => original.await.ok().map(|original| Announced::stored(&original, true)),
+            Mark::Fresh => {
+                self.dedup.cancel(sender, &client_msg_id).await;
+                None
+            }
+        }
     }
 }
 

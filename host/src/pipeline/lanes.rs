@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use crate::delivery::pull::SeqFrontier;
 use crate::model::{ConversationId, Message, UserId};
 use crate::routing::bus::NodeBus;
-use crate::routing::router::Router;
+use crate::routing::router::{Router, SendOwner};
 
 /// One conversation's lane.
 #[derive(Default)]
@@ -133,10 +133,10 @@ pub struct OwnerFrontier {
 impl SeqFrontier for OwnerFrontier {
     async fn lowest_in_flight(&self, user: &UserId, conversation: &ConversationId) -> Result<Option<u64>, String> {
         match self.router.send_owner(user, conversation).await {
-            Some(owner) if owner != self.router.this_node() => {
+            SendOwner::Elsewhere(owner) => {
                 self.bus.lowest_in_flight(owner, conversation).await.map_err(|error| error.to_string())
             }
-            _ => Ok(self.lanes.lowest_in_flight(conversation)),
+            SendOwner::Here { .. } => Ok(self.lanes.lowest_in_flight(conversation)),
         }
     }
 }

@@ -6,6 +6,13 @@
 //! failure after the dedup mark cancels it and answers `RETRY`, so the client's retry is
 //! processed, never swallowed (ARCHITECTURE.md §2).
 //!
+//! Acting as the owner is fenced (cluster mode): seqs are leased with the claim (this node,
+//! the epoch of the very ring view that made it the owner), and each message carries its
+//! lease's fence to the commit. A node whose cluster lease is in doubt, whose lease is
+//! refused because another node took the conversation over, or whose commit is refused for
+//! the same reason answers `RETRY` and forgets the conversation's segments, so the retry —
+//! forwarded to the new owner once the ring says so, or leased afresh — starts clean.
+//!
 //! The pipeline takes a [`SendRequest`] and answers a [`SendAck`] addressed to its origin;
 //! it never sees a socket, nor which mode the node runs in.
 
@@ -24,15 +31,16 @@ use tracing::Instrument;
 use crate::clock::WallClock;
 use crate::delivery::Delivery;
 use crate::health::Vitals;
+use crate::ids::seq::Allocated;
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
 use crate::membership::{Membership, Refusal};
 use crate::model::{ClientMsgId, ConversationId, ConversationKind, InvalidId, Message, NodeId};
 use crate::plugins::types::{Message as HookMessage, MessageDecision};
 use crate::plugins::{Hook, PluginHost};
 use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
-use crate::routing::router::Router;
+use crate::routing::router::{Router, SendOwner};
 use crate::store::group_commit::Ticket;
-use crate::store::{ConversationStore, Inserted, MessageWriter, StoreError};
+use crate::store::{ConversationStore, Inserted, LeaseError, MessageWriter, OwnerClaim, StoreError};
 
 use dedup::{DedupMarks, Mark, Outcome};
 use lanes::{Lane, Lanes};
@@ -59,6 +67,13 @@ pub enum SendError {
     OwnerUnreachable { owner: NodeId, cause: BusError },
     #[error("forwarded to this node, which no longer owns the conversation (node {owner} does); retry")]
     NotOwner { owner: NodeId },
+    #[error("node {owner} owns the conversation and this request cannot be passed on to it; send it there")]
+    OwnedElsewhere { owner: NodeId },
+    #[error(
+        "this node cannot act as the conversation's owner just now (another node took it over, or this node's \
+         cluster lease is in doubt); retry"
+    )]
+    Fenced,
     #[error("the original send failed; retry")]
     OriginalFailed,
     #[error("the original send was abandoned; retry")]
@@ -246,17 +261,17 @@ impl Pipeline {
             Ok(checked) => checked,
             Err(error) => return Admission::Done(refused(&request, &error)),
         };
-        let this_node = self.router.this_node();
-        if let Some(owner) =
-            self.router.send_owner(&request.origin.user, &conversation).await.filter(|&owner| owner != this_node)
-        {
-            if request.origin.node != this_node {
-                // Forwarded here, but the ring moved on meanwhile: one hop only, so two nodes
-                // whose views differ for a moment never pass a send back and forth.
-                return Admission::Done(refused(&request, &SendError::NotOwner { owner }));
+        let claim = match self.router.send_owner(&request.origin.user, &conversation).await {
+            SendOwner::Here { node, epoch } => OwnerClaim { node, epoch },
+            SendOwner::Elsewhere(owner) => {
+                if request.origin.node != self.router.this_node() {
+                    // Forwarded here, but the ring moved on meanwhile: one hop only, so two
+                    // nodes whose views differ for a moment never pass a send back and forth.
+                    return Admission::Done(refused(&request, &SendError::NotOwner { owner }));
+                }
+                return Admission::Wait(Box::pin(Arc::clone(self).forward(owner, request)));
             }
-            return Admission::Wait(Box::pin(Arc::clone(self).forward(owner, request)));
-        }
+        };
         let sender = request.origin.user.clone();
         match self.dedup.try_mark(&sender, &client_msg_id).await {
             Mark::Fresh => {}
@@ -270,7 +285,7 @@ impl Pipeline {
                 }));
             }
         }
-        match self.queue(&request, client_msg_id.clone(), conversation).await {
+        match self.queue(&request, client_msg_id.clone(), conversation, claim).await {
             Ok((lane, message, ticket)) => {
                 Admission::Wait(Box::pin(self.clone().finish(request, lane, message, ticket)))
             }
@@ -314,6 +329,7 @@ impl Pipeline {
         request: &SendRequest,
         client_msg_id: ClientMsgId,
         conversation: ConversationId,
+        claim: OwnerClaim,
     ) -> Result<(Arc<Lane>, Message, Ticket), SendError> {
         let body = self.apply_policy(request, &conversation, &client_msg_id).await?;
         self.record_direct(&conversation).await.map_err(|error| {
@@ -332,7 +348,7 @@ impl Pipeline {
             body,
             sent_at_ms: 0,
         };
-        let (message, ticket) = self.enqueue(&lane, draft).await?;
+        let (message, ticket) = self.enqueue(&lane, draft, claim).await?;
         Ok((lane, message, ticket))
     }
 
@@ -397,19 +413,50 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Steps 5-7 in conversation order: seq, snowflake id, queued for group commit.
-    async fn enqueue(&self, lane: &Lane, mut message: Message) -> Result<(Message, Ticket), SendError> {
+    /// Steps 5-7 in conversation order: seq (leased with `claim`), snowflake id, queued for
+    /// group commit with the seq's fence. Whether this node may act as an owner at all is
+    /// asked before the seq is taken and again just before the message is queued.
+    async fn enqueue(
+        &self,
+        lane: &Lane,
+        mut message: Message,
+        claim: OwnerClaim,
+    ) -> Result<(Message, Ticket), SendError> {
         let _in_order = lane.admit.lock().await;
-        message.seq = self.seqs.next(&message.conversation).await.map_err(|error| {
-            tracing::warn!(%error, "no seq");
-            SendError::StorageUnavailable
-        })?;
+        if !self.router.may_act_as_owner() {
+            return Err(self.fenced(&message.conversation, "this node's cluster lease is in doubt"));
+        }
+        let Allocated { seq, fence } = match self.seqs.next(&message.conversation, claim).await {
+            Ok(allocated) => allocated,
+            Err(error @ LeaseError::Superseded { .. }) => {
+                return Err(self.fenced(&message.conversation, &error.to_string()));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "no seq");
+                return Err(SendError::StorageUnavailable);
+            }
+        };
+        message.seq = seq;
         tracing::Span::current().record("seq", message.seq);
         message.id = self.ids.next_id();
         message.sent_at_ms = self.clock.now_ms();
-        let ticket = self.writer.submit(message.clone()).await.map_err(|_| SendError::ShuttingDown)?;
+        if !self.router.may_act_as_owner() {
+            // The seq taken is a gap.
+            return Err(self.fenced(&message.conversation, "this node's cluster lease is in doubt"));
+        }
+        let ticket = self.writer.submit(message.clone(), Some(fence)).await.map_err(|_| SendError::ShuttingDown)?;
         lane.admitted(message.seq);
         Ok((message, ticket))
+    }
+
+    /// This node may not act as `conversation`'s owner just now (`why`): its segments are
+    /// forgotten, so the next send leases afresh (or is refused again) rather than take seqs
+    /// no commit would accept.
+    fn fenced(&self, conversation: &ConversationId, why: &str) -> SendError {
+        tracing::info!(%conversation, why, "not acting as the conversation's owner; the sender retries");
+        self.seqs.forget(conversation);
+        metrics::counter!("herald_pipeline_fenced_sends_total").increment(1);
+        SendError::Fenced
     }
 
     /// Updates the dedup mark and the lane with a storage outcome: the status and ids to
@@ -436,9 +483,12 @@ impl Pipeline {
                 Ok((Status::Duplicate, original))
             }
             Err(error) => {
-                tracing::warn!(%error, conversation = %message.conversation, "storing a message failed");
                 lane.finished(message.seq, None);
                 self.dedup.cancel(&message.sender, &message.client_msg_id).await;
+                if let StoreError::Fenced { .. } = error {
+                    return Err(self.fenced(&message.conversation, &error.to_string()));
+                }
+                tracing::warn!(%error, conversation = %message.conversation, "storing a message failed");
                 metrics::counter!("herald_pipeline_store_failures_total").increment(1);
                 Err(SendError::StoreFailed)
             }

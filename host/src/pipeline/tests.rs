@@ -8,7 +8,7 @@ use herald_proto::v1::send_ack::Status;
 use super::Admission;
 use crate::model::{ConnectionId, NodeId};
 use crate::routing::bus::{SendAck, SendRequest};
-use crate::store::ConversationStore;
+use crate::store::{ConversationStore, OwnerClaim, SeqLeases};
 use crate::testkit::{BusCall, Kit, Options, RecordingBus, THIS_NODE, conversation_id, request, settle, user_id, uuid};
 
 const DM: &str = "dm:alice:bob";
@@ -229,4 +229,50 @@ async fn a_forwarded_send_this_node_no_longer_owns_is_not_forwarded_again() {
     assert!(ack.ack.reason.contains(&format!("node {third}")), "{}", ack.ack.reason);
     assert!(bus.calls().is_empty(), "not passed on: {:?}", bus.calls());
     assert!(kit.stored(DM).await.is_empty());
+}
+
+/// A node whose cluster lease may have lapsed must not act as an owner: the send is answered
+/// RETRY, nothing is stored, and nothing is left behind to swallow the retry.
+#[tokio::test]
+async fn a_send_while_the_cluster_lease_is_in_doubt_answers_retry_and_stores_nothing() {
+    let kit = Kit::new().await;
+    kit.topology.set_holds_lease(false);
+    let sent = request("alice", "phone", DM, &uuid(), "while fenced");
+
+    let ack = kit.send(sent.clone()).await;
+
+    assert_answers(&ack, &sent, Status::Retry);
+    assert!(ack.ack.reason.contains("cannot act as the conversation's owner"), "{:?}", ack.ack.reason);
+    assert!(ack.ack.retry_after_ms > 0, "a retry comes with a hint of when");
+    assert_eq!((ack.ack.seq, ack.ack.message_id), (0, 0));
+    assert!(kit.stored(DM).await.is_empty());
+
+    kit.topology.set_holds_lease(true);
+    let retried = kit.send(sent.clone()).await;
+    assert_answers(&retried, &sent, Status::Ok);
+    assert_eq!(kit.stored(DM).await.len(), 1);
+}
+
+/// Another node leased the conversation at a newer ring epoch than this node's: this node's
+/// lease is refused and the send answered RETRY, until this node's ring is newer than the
+/// other's; then it takes the conversation back, above every seq the other node was given.
+#[tokio::test]
+async fn a_send_to_a_conversation_another_node_took_over_retries_until_the_ring_is_newer() {
+    let kit = Kit::new().await;
+    let other = OwnerClaim { node: NodeId(THIS_NODE.0 + 8), epoch: 2 };
+    let taken = kit.database.lease(&conversation_id(DM), 100, other).await.expect("the other node leases");
+    let sent = request("alice", "phone", DM, &uuid(), "mine?");
+
+    for epoch in [1, 2] {
+        let ack = kit.send(sent.clone()).await;
+        assert_answers(&ack, &sent, Status::Retry);
+        assert!(ack.ack.reason.contains("another node took it over"), "at epoch {epoch}: {:?}", ack.ack.reason);
+        assert!(kit.stored(DM).await.is_empty());
+        assert_eq!(kit.topology.replace(&[THIS_NODE]), epoch + 1);
+    }
+
+    let retried = kit.send(sent.clone()).await;
+    assert_answers(&retried, &sent, Status::Ok);
+    assert!(retried.ack.seq > taken.range.last, "seq {} not above {:?}", retried.ack.seq, taken.range);
+    assert_eq!(kit.stored(DM).await.len(), 1);
 }

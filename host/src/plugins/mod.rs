@@ -9,7 +9,9 @@
 use std::sync::{Arc, Mutex};
 
 pub use herald_plugin_runtime::types;
-pub use herald_plugin_runtime::{Hook, PluginError, PluginHost, PluginHostConfig, PluginStatus, PluginWatcher};
+pub use herald_plugin_runtime::{
+    Hook, PluginError, PluginHost, PluginHostConfig, PluginKv, PluginStatus, PluginWatcher, RateLimiter,
+};
 
 /// The loaded plugins and the watcher that hot-reloads them.
 pub struct Plugins {
@@ -23,13 +25,38 @@ impl Plugins {
     /// Loads every plugin in `dir` (creating the folder if needed) and watches it.
     /// A plugin that fails to load is reported in its status; the others serve.
     ///
+    /// Embedded mode: the plugins' KV and rate limiter live in this process
+    /// ([`PluginHost::embedded`]). Cluster mode uses [`Plugins::start_with`].
+    ///
     /// # Errors
     /// [`PluginError`] when the runtime cannot start (e.g. a bad runtime config).
     pub async fn start(config: PluginHostConfig, dir: &std::path::Path) -> Result<Self, PluginError> {
+        Self::serve(PluginHost::embedded(config)?, dir).await
+    }
+
+    /// As [`Plugins::start`], with the plugins' KV and rate limiter given: cluster mode
+    /// passes the Redis ones (`cluster::RedisPluginKv`, `cluster::RedisRateLimiter`), so
+    /// what plugins store and the limits they keep hold across every node. Built-in
+    /// defaults and the system clock as in embedded mode.
+    ///
+    /// # Errors
+    /// As [`Plugins::start`].
+    pub async fn start_with(
+        config: PluginHostConfig,
+        dir: &std::path::Path,
+        kv: Arc<dyn PluginKv>,
+        limiter: Arc<dyn RateLimiter>,
+    ) -> Result<Self, PluginError> {
+        let host = PluginHost::new(config, kv, limiter, Arc::new(herald_plugin_runtime::BuiltinDefaults))?;
+        Self::serve(host, dir).await
+    }
+
+    /// Loads `dir` into `host` and watches it.
+    async fn serve(host: PluginHost, dir: &std::path::Path) -> Result<Self, PluginError> {
         if let Err(error) = std::fs::create_dir_all(dir) {
             tracing::warn!(%error, dir = %dir.display(), "cannot create the plugins folder");
         }
-        let host = Arc::new(PluginHost::embedded(config)?);
+        let host = Arc::new(host);
         let loaded = host.load_dir(dir).await?;
         for status in &loaded {
             match &status.last_load_error {

@@ -7,6 +7,7 @@
 //! directory, the ring in force ([`topology`]) and the node bus ([`bus`]).
 
 pub mod bus;
+pub mod cache;
 pub mod ring;
 pub mod rooms;
 pub mod router;
@@ -55,6 +56,10 @@ pub trait RouteTable: Send + Sync + 'static {
     /// Every connected device of each of `users`, in one lookup (a group's fan-out asks for
     /// all its members at once). A user with no device is absent from the map.
     async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError>;
+    /// Writes `route` again unless its device has a route already (a newer connection wrote
+    /// it meanwhile); returns whether it wrote. For a node re-asserting its connections'
+    /// routes after the shared table lost its data.
+    async fn restore(&self, route: Route) -> Result<bool, RouteError>;
 }
 
 /// The embedded route table: a concurrent map in this process.
@@ -98,6 +103,15 @@ impl RouteTable for MemoryRouteTable {
                 Some((user.clone(), devices.values().cloned().collect()))
             })
             .collect())
+    }
+
+    async fn restore(&self, route: Route) -> Result<bool, RouteError> {
+        let mut devices = self.users.entry(route.user.clone()).or_default();
+        if devices.contains_key(&route.device) {
+            return Ok(false);
+        }
+        devices.insert(route.device.clone(), route);
+        Ok(true)
     }
 }
 

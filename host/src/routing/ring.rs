@@ -101,6 +101,28 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_fourth_node_joining_three_takes_about_a_quarter_of_the_conversations() {
+        // Issue 13: at most 1.1 × the ideal 1/4 of 100,000 conversations move, every one
+        // of them to the new node; and the new node takes a fair share, not a sliver.
+        let conversations: Vec<String> =
+            (0..100_000).map(|i| format!("dm:user-{:06}:user-{:06}", 2 * i, 2 * i + 1)).collect();
+        for (members, joining) in [([1, 2, 3], 4), ([0, 1, 2], 3)] {
+            let three = Ring::new(&members, DEFAULT_VIRTUAL_NODES);
+            let four = Ring::new(&[members[0], members[1], members[2], joining], DEFAULT_VIRTUAL_NODES);
+            let mut moved = 0usize;
+            for conversation in &conversations {
+                let (before, after) = (three.owner(conversation), four.owner(conversation));
+                if before != after {
+                    assert_eq!(after, Some(joining), "{conversation} moved between nodes that stayed");
+                    moved += 1;
+                }
+            }
+            let share = moved as f64 / conversations.len() as f64;
+            assert!((0.2..=0.275).contains(&share), "node {joining} joining {members:?} moved {share:.4} of the keys");
+        }
+    }
+
     mod properties {
         use proptest::prelude::*;
 

@@ -92,6 +92,11 @@ impl Rooms {
         self.subscribers.get(room).map(|c| c.iter().copied().collect()).unwrap_or_default()
     }
 
+    /// Every room with a subscriber on this node.
+    pub fn rooms(&self) -> Vec<ConversationId> {
+        self.subscribers.iter().map(|entry| entry.key().clone()).collect()
+    }
+
     /// Whether `room` has a subscriber on this node.
     pub fn has_subscribers(&self, room: &ConversationId) -> bool {
         self.subscribers.contains_key(room)

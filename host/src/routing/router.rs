@@ -19,6 +19,18 @@ pub struct Routed {
     pub owner: Option<NodeId>,
 }
 
+/// The owner of a send, as one view of the ring decided it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOwner {
+    /// This node processes the send: the ring of `epoch` names it (or is empty). `node` and
+    /// `epoch` are what this node claims the conversation's seqs with, taken from the very
+    /// view that made the decision, so a claim never names an epoch whose ring gave the
+    /// conversation to another node.
+    Here { node: NodeId, epoch: u64 },
+    /// Another node owns it: the send goes there.
+    Elsewhere(NodeId),
+}
+
 /// Picks routing keys and their owners.
 pub struct Router {
     plugins: Arc<PluginHost>,
@@ -43,20 +55,38 @@ impl Router {
 
     /// Where `command` of `user` on `conversation` goes.
     pub async fn route(&self, command: CommandKind, user: &UserId, conversation: Option<&ConversationId>) -> Routed {
-        let request =
-            RouteRequest { command, user: user.to_string(), conversation: conversation.map(ToString::to_string) };
-        let key = self.plugins.route_key(&request).await;
+        let key = self.key(command, user, conversation).await;
         let owner = self.topology.view().owner(&key);
         Routed { key, owner }
     }
 
-    /// The node owning a send of `user` to `conversation` (the hook is asked only when a
-    /// plugin provides it: the built-in key is the conversation).
-    pub async fn send_owner(&self, user: &UserId, conversation: &ConversationId) -> Option<NodeId> {
-        if self.plugins.has_hook(Hook::RouteKey) {
-            self.route(CommandKind::Send, user, Some(conversation)).await.owner
+    /// The routing key of `command`: the route-key hook's, or the built-in one.
+    async fn key(&self, command: CommandKind, user: &UserId, conversation: Option<&ConversationId>) -> String {
+        let request =
+            RouteRequest { command, user: user.to_string(), conversation: conversation.map(ToString::to_string) };
+        self.plugins.route_key(&request).await
+    }
+
+    /// Who owns a send of `user` to `conversation` (the hook is asked only when a plugin
+    /// provides it: the built-in key is the conversation), with the epoch of the view that
+    /// decided it when it is this node.
+    pub async fn send_owner(&self, user: &UserId, conversation: &ConversationId) -> SendOwner {
+        let key = if self.plugins.has_hook(Hook::RouteKey) {
+            Some(self.key(CommandKind::Send, user, Some(conversation)).await)
         } else {
-            self.topology.view().owner(conversation.as_str())
+            None
+        };
+        let view = self.topology.view();
+        match view.owner(key.as_deref().unwrap_or(conversation.as_str())) {
+            Some(owner) if owner != self.this_node => SendOwner::Elsewhere(owner),
+            _ => SendOwner::Here { node: self.this_node, epoch: view.epoch },
         }
+    }
+
+    /// Whether this node may act as an owner at all right now: take seqs and commit for
+    /// the conversations the ring gives it. False once its cluster lease may have lapsed
+    /// (see [`Topology::holds_lease`]); always true in embedded mode.
+    pub fn may_act_as_owner(&self) -> bool {
+        self.topology.holds_lease()
     }
 }

@@ -32,6 +32,14 @@ impl RingView {
 pub trait Topology: Send + Sync + 'static {
     /// The ring in force (cheap: one atomic load and a reference count).
     fn view(&self) -> Arc<RingView>;
+
+    /// Whether this node's own membership is certainly still valid at this instant, so it
+    /// may act as the owner the ring makes it (take seqs, commit). Cluster mode: false from
+    /// before any other node could see this node's lease lapse. Always true in embedded
+    /// mode, which nobody else can take over. Cheap: called twice per send.
+    fn holds_lease(&self) -> bool {
+        true
+    }
 }
 
 /// A ring that changes only when told to: embedded mode's one node, or a fixed set.

@@ -24,7 +24,8 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::task::AbortHandle;
 
 use super::latency::LatencyWindow;
-use super::messages::Committed;
+use super::messages::{Committed, Submission};
+use super::seq_lease::Fence;
 use super::{Backend, Database, Inserted, MessageWriter, StoreError};
 use crate::config::GroupCommitConfig;
 use crate::model::Message;
@@ -37,7 +38,7 @@ impl Ticket {
     ///
     /// # Errors
     /// [`StoreError::Closed`] when the writers stopped before answering; otherwise what the
-    /// database said about this row (see [`Database::insert_messages`]).
+    /// database said about this row (see [`Database::insert_submissions`]).
     pub async fn wait(self) -> Result<Inserted, StoreError> {
         self.0.await.map_err(|_| StoreError::Closed)?
     }
@@ -45,7 +46,7 @@ impl Ticket {
 
 /// One insert waiting for its batch.
 struct Pending {
-    message: Message,
+    submission: Submission,
     done: Waiter,
 }
 
@@ -125,13 +126,13 @@ impl GroupCommitter {
 
 #[async_trait]
 impl MessageWriter for GroupCommitter {
-    async fn submit(&self, message: Message) -> Result<Ticket, StoreError> {
+    async fn submit(&self, message: Message, fence: Option<Fence>) -> Result<Ticket, StoreError> {
         let (done, outcome) = oneshot::channel();
         // Counted only once a place in the queue is had: a caller that gives up waiting for
         // one leaves nothing behind.
         let place = self.queue.reserve().await.map_err(|_| StoreError::Closed)?;
         self.outstanding.fetch_add(1, Ordering::SeqCst);
-        place.send(Pending { message, done });
+        place.send(Pending { submission: Submission { message, fence }, done });
         Ok(Ticket(outcome))
     }
 }
@@ -184,8 +185,8 @@ async fn write_batches(
         if received == 0 {
             break; // every sender is gone and the queue is drained
         }
-        let (messages, waiters): (Vec<Message>, Vec<_>) =
-            batch.drain(..).map(|pending| (pending.message, pending.done)).unzip();
+        let (messages, waiters): (Vec<Submission>, Vec<_>) =
+            batch.drain(..).map(|pending| (pending.submission, pending.done)).unzip();
         metrics::histogram!("herald_store_batch_rows").record(messages.len() as f64);
         totals.batches.fetch_add(1, Ordering::Relaxed);
         totals.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);

@@ -3,14 +3,38 @@
 //! A message is stored once per (sender, client_msg_id): a second insert of the same pair
 //! stores nothing and answers with the original row's ids. The unique index is the final
 //! guard; the pipeline's dedup mark only spares the database the work.
+//!
+//! A message may carry the [`Fence`] of the lease its seq came from. On the server backends
+//! a batch holding fenced messages first takes the shared lock of their conversations'
+//! `session_seq` rows, in sorted order, and stores a fenced message only while the row still
+//! names that owner ([`StoreError::Fenced`] otherwise); the lock holds a new owner's lease
+//! back until the batch has committed (see `seq_lease.rs`). SQLite, one node, does not check.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, QueryBuilder, Row, Type};
 
+use super::seq_lease::{Fence, fence_of};
 use super::{Database, MessageStore, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned};
 use crate::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
+
+/// A message to store, with the fence of the lease its seq came from.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// The message, ids and seq set.
+    pub message: Message,
+    /// `Some`: store it only while its conversation's owner is still this fence's (server
+    /// backends; SQLite does not check). `None`: store it unchecked.
+    pub fence: Option<Fence>,
+}
+
+impl From<Message> for Submission {
+    /// An unfenced message.
+    fn from(message: Message) -> Self {
+        Self { message, fence: None }
+    }
+}
 
 /// What an insert did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,24 +102,34 @@ impl Database {
     /// cannot fail the others that shared its batch.
     ///
     /// A per-row [`StoreError::Conflict`] means the row's seq or id was already taken by a
-    /// different message; any other per-row error is transient (the database failed).
+    /// different message, [`StoreError::Fenced`] (only from
+    /// [`insert_submissions`](Self::insert_submissions)) that the conversation changed owner
+    /// since its seq was leased; any other per-row error is transient (the database failed).
     pub async fn insert_messages(&self, messages: &[Message]) -> Vec<Result<Inserted, StoreError>> {
-        let committed = self.insert_messages_committed(messages).await;
+        let unfenced: Vec<Submission> = messages.iter().cloned().map(Submission::from).collect();
+        self.insert_submissions(&unfenced).await
+    }
+
+    /// As [`insert_messages`](Self::insert_messages), for messages that may carry a fence: a
+    /// fenced message whose conversation is owned under another fence by now is not stored
+    /// and answers [`StoreError::Fenced`] (server backends only).
+    pub async fn insert_submissions(&self, batch: &[Submission]) -> Vec<Result<Inserted, StoreError>> {
+        let committed = self.insert_messages_committed(batch).await;
         self.make_durable(vec![committed]).await.pop().unwrap_or_default()
     }
 
-    /// As [`insert_messages`](Self::insert_messages), but returns once committed: on SQLite
-    /// the commit is not durable until [`make_durable`](Self::make_durable) says so, which
-    /// the group committer does off its writer's path.
-    pub async fn insert_messages_committed(&self, messages: &[Message]) -> Committed {
-        match self.insert_batch(messages).await {
+    /// As [`insert_submissions`](Self::insert_submissions), but returns once committed: on
+    /// SQLite the commit is not durable until [`make_durable`](Self::make_durable) says so,
+    /// which the group committer does off its writer's path.
+    pub async fn insert_messages_committed(&self, batch: &[Submission]) -> Committed {
+        match self.insert_batch(batch).await {
             Ok(committed) => committed,
-            Err(error) if messages.len() == 1 => Committed { results: vec![Err(error)], sync: None },
+            Err(error) if batch.len() == 1 => Committed { results: vec![Err(error)], sync: None },
             Err(error) => {
-                tracing::warn!(%error, rows = messages.len(), "batch insert failed; retrying rows one by one");
-                let mut all = Committed { results: Vec::with_capacity(messages.len()), sync: None };
-                for message in messages {
-                    all.results.push(match self.insert_batch(std::slice::from_ref(message)).await {
+                tracing::warn!(%error, rows = batch.len(), "batch insert failed; retrying rows one by one");
+                let mut all = Committed { results: Vec::with_capacity(batch.len()), sync: None };
+                for submission in batch {
+                    all.results.push(match self.insert_batch(std::slice::from_ref(submission)).await {
                         Ok(mut one) => {
                             all.sync = all.sync.max(one.sync);
                             one.results.pop().unwrap_or(Err(StoreError::Closed))
@@ -130,23 +164,28 @@ impl Database {
             .collect()
     }
 
-    async fn insert_batch<'m>(&self, messages: &'m [Message]) -> Result<Committed, StoreError> {
-        if messages.is_empty() {
+    async fn insert_batch<'m>(&self, batch: &'m [Submission]) -> Result<Committed, StoreError> {
+        if batch.is_empty() {
             return Ok(Committed { results: Vec::new(), sync: None });
         }
         // One transaction for the whole batch (one commit, one fsync), split into
         // statements small enough for every driver's limit on bound parameters.
-        let mut inserted: HashSet<i64> = HashSet::with_capacity(messages.len());
+        let mut inserted: HashSet<i64> = HashSet::with_capacity(batch.len());
         // Rows in (conversation, seq) order: each conversation's index entries then go in
         // one after another, onto pages just touched, instead of jumping between them; and
         // concurrent batches take row locks in one order (no deadlock between writers).
-        let mut rows: Vec<&'m Message> = messages.iter().collect();
-        rows.sort_unstable_by(|a, b| (a.conversation.as_str(), a.seq).cmp(&(b.conversation.as_str(), b.seq)));
+        let mut rows: Vec<(usize, &'m Submission)> = batch.iter().enumerate().collect();
+        rows.sort_unstable_by(|(_, a), (_, b)| {
+            (a.message.conversation.as_str(), a.message.seq).cmp(&(b.message.conversation.as_str(), b.message.seq))
+        });
+        // Rows refused by the fence check, by their place in `batch`, with the owner found.
+        let mut fenced: HashMap<usize, Option<Fence>> = HashMap::new();
         let sync = on_backend!(self.writer, |pool, sql| {
             let mut connection = pool.acquire().await?;
-            let statement = |chunk: &[&'m Message]| {
+            let statement = |chunk: &[(usize, &'m Submission)]| {
                 let mut insert = QueryBuilder::new(sql.insert_messages);
-                insert.push_values(chunk, |mut row, m| {
+                insert.push_values(chunk, |mut row, (_, submission)| {
+                    let m = &submission.message;
                     row.push_bind(signed(m.id))
                         .push_bind(m.conversation.as_str())
                         .push_bind(signed(m.seq))
@@ -160,28 +199,59 @@ impl Database {
                 insert.push(sql.insert_messages_tail);
                 insert
             };
-            let chunks: Vec<&[&Message]> = rows.chunks(ROWS_PER_STATEMENT).collect();
             let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
-            let mut insert = statement(chunks.first().copied().unwrap_or_default());
+            if let Some((head, tail)) = sql.lock_owners
+                && rows.iter().any(|(_, row)| row.fence.is_some())
+            {
+                // The batch's fenced conversations, in sorted order (as `rows` is), each once.
+                let mut conversations: Vec<&str> = rows
+                    .iter()
+                    .filter(|(_, row)| row.fence.is_some())
+                    .map(|(_, row)| row.message.conversation.as_str())
+                    .collect();
+                conversations.dedup();
+                let mut lock = QueryBuilder::new(head);
+                let mut list = lock.separated(", ");
+                for conversation in conversations {
+                    list.push_bind(conversation);
+                }
+                lock.push(tail);
+                let owners: Vec<(String, i64, i64)> = lock.build_query_as().fetch_all(&mut *transaction).await?;
+                let owners = owners
+                    .into_iter()
+                    .map(|(conversation, node, epoch)| Ok((conversation, fence_of(node, epoch)?)))
+                    .collect::<Result<HashMap<String, Fence>, StoreError>>()?;
+                rows.retain(|&(at, row)| {
+                    let Some(fence) = row.fence else { return true };
+                    let owner = owners.get(row.message.conversation.as_str()).copied();
+                    if owner == Some(fence) {
+                        return true;
+                    }
+                    fenced.insert(at, owner);
+                    false
+                });
+            }
+            let chunks: Vec<&[(usize, &Submission)]> = rows.chunks(ROWS_PER_STATEMENT).collect();
+            // None when the fence check refused every row: nothing to insert.
+            let mut next_insert = chunks.first().map(|chunk| statement(chunk));
             for (n, &chunk) in chunks.iter().enumerate() {
+                let Some(mut insert) = next_insert.take() else { break };
                 // The next statement is built while the database runs this one: `join` polls
                 // the execution first (which hands the statement over), then builds.
                 let execute = insert.build().execute(&mut *transaction);
                 let (done, next) =
                     futures_util::future::join(execute, async { chunks.get(n + 1).map(|c| statement(c)) }).await;
                 let done = done?;
-                if let Some(next) = next {
-                    insert = next;
-                }
+                next_insert = next;
                 if sql.insert_count_is_exact && done.rows_affected() == chunk.len() as u64 {
-                    inserted.extend(chunk.iter().map(|m| signed(m.id)));
+                    inserted.extend(chunk.iter().map(|(_, row)| signed(row.message.id)));
                 } else {
                     // Some rows were skipped (or the driver cannot say how many were
                     // inserted): read back which of our ids are there.
                     let mut read_back = QueryBuilder::new("SELECT id FROM messages WHERE id IN (");
                     let mut ids = read_back.separated(", ");
-                    for m in chunk {
-                        ids.push_bind(signed(m.id));
+                    for (_, row) in chunk {
+                        ids.push_bind(signed(row.message.id));
                     }
                     read_back.push(")");
                     inserted.extend(read_back.build_query_scalar::<i64>().fetch_all(&mut *transaction).await?);
@@ -201,8 +271,13 @@ impl Database {
             sync
         });
 
-        let mut results = Vec::with_capacity(messages.len());
-        for m in messages {
+        let mut results = Vec::with_capacity(batch.len());
+        for (at, Submission { message: m, fence }) in batch.iter().enumerate() {
+            if let (Some(owner), Some(fence)) = (fenced.remove(&at), *fence) {
+                let (id, seq, conversation) = (m.id, m.seq, m.conversation.clone());
+                results.push(Err(StoreError::Fenced { id, seq, conversation, fence, owner }));
+                continue;
+            }
             if inserted.contains(&signed(m.id)) {
                 results.push(Ok(Inserted::New { id: m.id, seq: m.seq }));
                 continue;

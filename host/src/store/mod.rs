@@ -35,15 +35,15 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::config::{self, StorageConfig};
-use crate::model::InvalidId;
+use crate::model::{ConversationId, InvalidId};
 use wal_sync::WalSync;
 
 pub use cursors::CursorUpdate;
 pub use group_commit::{BatchTotals, GroupCommitter, Ticket};
 pub use latency::LatencyWindow;
-pub use messages::Inserted;
+pub use messages::{Inserted, Submission};
 pub use repos::*;
-pub use seq_lease::{LeaseError, SeqLeases, SeqRange};
+pub use seq_lease::{Fence, Lease, LeaseError, LeaseSql, OwnerClaim, SeqLeases, SeqRange};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/mysql");
@@ -63,6 +63,12 @@ pub enum StoreError {
     Migrate(#[from] MigrateError),
     #[error("message {id} was not stored: its (conversation, seq) or id is taken by another message")]
     Conflict { id: u64 },
+    #[error(
+        "message {id} (seq {seq} of {conversation}) was not stored: its seq was leased by node {} at ring epoch {}, \
+         but {} owns the conversation now; this node must stop acting as its owner",
+        fence.node, fence.epoch, describe_owner(owner)
+    )]
+    Fenced { id: u64, seq: u64, conversation: ConversationId, fence: Fence, owner: Option<Fence> },
     #[error("group {0} already exists")]
     GroupExists(String),
     #[error("there is no group {0}")]
@@ -73,6 +79,14 @@ pub enum StoreError {
     Closed,
     #[error("could not make the write durable: {0}")]
     Sync(String),
+}
+
+/// Who a `session_seq` row names as owner, for [`StoreError::Fenced`].
+fn describe_owner(owner: &Option<Fence>) -> String {
+    match owner {
+        Some(owner) => format!("node {} (since ring epoch {})", owner.node, owner.epoch),
+        None => "no node (its session_seq row is missing)".to_owned(),
+    }
 }
 
 /// Which SQL dialect a [`Database`] speaks.
@@ -118,10 +132,13 @@ pub struct Sql {
     pub messages_before: &'static str,
     /// The highest stored seq of a conversation.
     pub latest_seq: &'static str,
-    /// Moves `max_seq` up by a step; returns the new `max_seq` unless `lease_select` is set.
-    pub lease_upsert: &'static str,
-    /// Reads the new `max_seq` in the same transaction, for dialects without `RETURNING`.
-    pub lease_select: Option<&'static str>,
+    /// How a seq lease is taken, owner fence included.
+    pub lease: LeaseSql,
+    /// The text before and after the bound list of conversations of a statement that takes
+    /// the shared lock of those `session_seq` rows, in sorted order, and reads
+    /// `conversation, owner_node, owner_epoch`: the commit's fence check. `None` skips the
+    /// check (SQLite: embedded mode, one node, one writer).
+    pub lock_owners: Option<(&'static str, &'static str)>,
     /// Multi-row cursor upsert tail: keeps the larger seq.
     pub upsert_cursors_tail: &'static str,
     /// Cursors of one device.

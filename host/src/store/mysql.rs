@@ -1,9 +1,8 @@
 //! MySQL/MariaDB's statements (cluster mode). Placeholders are `?`. There is no
-//! `UPDATE … RETURNING` in MySQL, so the seq lease reads its new high-water mark with a
-//! second statement inside the same transaction, and message inserts learn which rows went
-//! in by reading their ids back.
+//! `RETURNING` on an upsert in MySQL, so the seq lease locks the row and decides in a
+//! transaction, and message inserts learn which rows went in by reading their ids back.
 
-use super::Sql;
+use super::{LeaseSql, Sql};
 
 /// The MySQL/MariaDB dialect.
 pub const SQL: Sql = Sql {
@@ -15,10 +14,21 @@ pub const SQL: Sql = Sql {
     messages_after: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = ? AND seq > ? ORDER BY seq ASC LIMIT ?",
     messages_before: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
     latest_seq: "SELECT MAX(seq) FROM messages WHERE conversation = ?",
-    // Takes the row's exclusive lock at once (no shared-then-exclusive upgrade, so two
-    // nodes leasing the same conversation cannot deadlock).
-    lease_upsert: "INSERT INTO session_seq (conversation, max_seq) VALUES (?, ?) ON DUPLICATE KEY UPDATE max_seq = max_seq + VALUES(max_seq)",
-    lease_select: Some("SELECT max_seq FROM session_seq WHERE conversation = ?"),
+    // No RETURNING on an upsert: lock the row, apply the rule in Rust, update, commit. A
+    // conversation's first lease creates its row first (a no-op when it exists), outside
+    // the transaction: a locking read of a missing row takes a gap lock, and two nodes
+    // inserting under gap locks would deadlock.
+    lease: LeaseSql::Locking {
+        lock: "SELECT max_seq, owner_node, owner_epoch FROM session_seq WHERE conversation = ? FOR UPDATE",
+        update: "UPDATE session_seq SET max_seq = ?, owner_node = ?, owner_epoch = ? WHERE conversation = ?",
+        create: "INSERT INTO session_seq (conversation, max_seq, owner_node, owner_epoch) VALUES (?, 0, ?, ?) ON DUPLICATE KEY UPDATE conversation = conversation",
+    },
+    // ascii_bin sorts in byte order, as the batch does. A shared lock conflicts with the
+    // lease's exclusive one.
+    lock_owners: Some((
+        "SELECT conversation, owner_node, owner_epoch FROM session_seq WHERE conversation IN (",
+        ") ORDER BY conversation LOCK IN SHARE MODE",
+    )),
     upsert_cursors_tail: " ON DUPLICATE KEY UPDATE seq = GREATEST(seq, VALUES(seq))",
     cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = ? AND device_id = ? ORDER BY conversation",
     insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES (?, ?)",

@@ -1,7 +1,7 @@
 //! PostgreSQL's statements (cluster mode). Placeholders are `$n`; `RETURNING` and
 //! `ON CONFLICT` are available.
 
-use super::Sql;
+use super::{LeaseSql, Sql};
 
 /// The PostgreSQL dialect.
 pub const SQL: Sql = Sql {
@@ -12,8 +12,18 @@ pub const SQL: Sql = Sql {
     messages_after: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = $1 AND seq > $2 ORDER BY seq ASC LIMIT $3",
     messages_before: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
     latest_seq: "SELECT MAX(seq) FROM messages WHERE conversation = $1",
-    lease_upsert: "INSERT INTO session_seq (conversation, max_seq) VALUES ($1, $2) ON CONFLICT (conversation) DO UPDATE SET max_seq = session_seq.max_seq + EXCLUDED.max_seq RETURNING max_seq",
-    lease_select: None,
+    // The claim leases when the row is new, already its node's, or held at an older epoch
+    // (the WHERE); refused, the statement returns no row. SET reads the row as it was.
+    lease: LeaseSql::Returning {
+        upsert: "INSERT INTO session_seq (conversation, max_seq, owner_node, owner_epoch) VALUES ($1, $2, $3, $4) ON CONFLICT (conversation) DO UPDATE SET max_seq = session_seq.max_seq + EXCLUDED.max_seq, owner_epoch = CASE WHEN session_seq.owner_node = EXCLUDED.owner_node THEN session_seq.owner_epoch ELSE EXCLUDED.owner_epoch END, owner_node = EXCLUDED.owner_node WHERE session_seq.owner_node = EXCLUDED.owner_node OR session_seq.owner_epoch < EXCLUDED.owner_epoch RETURNING max_seq, owner_node, owner_epoch",
+        owner: "SELECT owner_node, owner_epoch FROM session_seq WHERE conversation = $1",
+    },
+    // Sorted in byte order (COLLATE "C"), as the batch sorts them, so two batches always
+    // lock rows in the same order. FOR SHARE conflicts with the lease's row lock.
+    lock_owners: Some((
+        "SELECT conversation, owner_node, owner_epoch FROM session_seq WHERE conversation IN (",
+        ") ORDER BY conversation COLLATE \"C\" FOR SHARE",
+    )),
     upsert_cursors_tail: " ON CONFLICT (user_id, device_id, conversation) DO UPDATE SET seq = GREATEST(device_cursors.seq, EXCLUDED.seq)",
     cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = $1 AND device_id = $2 ORDER BY conversation",
     insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES ($1, $2)",

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use super::StoreError;
 use super::cursors::CursorUpdate;
 use super::group_commit::Ticket;
+use super::seq_lease::Fence;
 use crate::model::{ConversationId, DeviceId, GroupId, Message, UserId};
 
 /// Reads of stored messages. Every message returned is durable: a read never shows a
@@ -53,11 +54,14 @@ pub trait MessageStore: Send + Sync + 'static {
 pub trait MessageWriter: Send + Sync + 'static {
     /// Queues `message` for storage and returns at once with a ticket that yields the
     /// outcome once it is durable. Messages submitted one after another are committed in
-    /// that order.
+    /// that order. With a `fence` (the one of the lease its seq came from), the message is
+    /// stored only while that lease's owner still owns the conversation; the ticket answers
+    /// [`StoreError::Fenced`] otherwise (checked on the server backends; SQLite, one node,
+    /// stores it).
     ///
     /// # Errors
     /// [`StoreError::Closed`] when the writer has stopped (the server is shutting down).
-    async fn submit(&self, message: Message) -> Result<Ticket, StoreError>;
+    async fn submit(&self, message: Message, fence: Option<Fence>) -> Result<Ticket, StoreError>;
 }
 
 /// How far each device has acknowledged each conversation.

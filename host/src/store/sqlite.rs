@@ -1,7 +1,7 @@
 //! SQLite's statements (embedded mode). Placeholders are `?`; `RETURNING` and
 //! `ON CONFLICT` are available (SQLite ≥ 3.35).
 
-use super::Sql;
+use super::{LeaseSql, Sql};
 
 /// The SQLite dialect.
 pub const SQL: Sql = Sql {
@@ -16,8 +16,14 @@ pub const SQL: Sql = Sql {
     messages_after: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = ? AND seq > ? ORDER BY seq ASC LIMIT ?",
     messages_before: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
     latest_seq: "SELECT MAX(seq) FROM messages WHERE conversation = ?",
-    lease_upsert: "INSERT INTO session_seq (conversation, max_seq) VALUES (?, ?) ON CONFLICT (conversation) DO UPDATE SET max_seq = session_seq.max_seq + excluded.max_seq RETURNING max_seq",
-    lease_select: None,
+    // The claim leases when the row is new, already its node's, or held at an older epoch
+    // (the WHERE); refused, the statement returns no row. SET reads the row as it was.
+    lease: LeaseSql::Returning {
+        upsert: "INSERT INTO session_seq (conversation, max_seq, owner_node, owner_epoch) VALUES (?, ?, ?, ?) ON CONFLICT (conversation) DO UPDATE SET max_seq = session_seq.max_seq + excluded.max_seq, owner_epoch = CASE WHEN session_seq.owner_node = excluded.owner_node THEN session_seq.owner_epoch ELSE excluded.owner_epoch END, owner_node = excluded.owner_node WHERE session_seq.owner_node = excluded.owner_node OR session_seq.owner_epoch < excluded.owner_epoch RETURNING max_seq, owner_node, owner_epoch",
+        owner: "SELECT owner_node, owner_epoch FROM session_seq WHERE conversation = ?",
+    },
+    // One node, one writer: nothing to fence against.
+    lock_owners: None,
     upsert_cursors_tail: " ON CONFLICT (user_id, device_id, conversation) DO UPDATE SET seq = MAX(device_cursors.seq, excluded.seq)",
     cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = ? AND device_id = ? ORDER BY conversation",
     insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES (?, ?)",

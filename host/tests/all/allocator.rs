@@ -5,8 +5,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use herald_host::ids::{SeqAllocator, SeqConfig};
-use herald_host::model::ConversationId;
+use herald_host::ids::{OwnerClaim, SeqAllocator, SeqConfig};
+use herald_host::model::{ConversationId, NodeId};
 use herald_host::store::Backend;
 
 use crate::on_every_backend;
@@ -18,6 +18,10 @@ const NODES: usize = 4;
 const TASKS: usize = 8;
 const CONVERSATIONS: usize = 20;
 const SEQS_PER_TASK: usize = 150;
+
+/// Every allocator claims as one node: these tests are about seqs, not owners (see
+/// `fencing.rs`), and pools standing in for nodes share the conversations here.
+const CLAIM: OwnerClaim = OwnerClaim { node: NodeId(1), epoch: 1 };
 
 fn conversation(i: usize) -> ConversationId {
     ConversationId::parse(&format!("grp:c{i}")).expect("valid conversation")
@@ -46,7 +50,7 @@ async fn four_nodes_eight_tasks_twenty_conversations(backend: Backend) {
                 let mut got: Vec<(usize, u64)> = Vec::with_capacity(SEQS_PER_TASK);
                 for i in 0..SEQS_PER_TASK {
                     let c = (i * (task + 3) + node * 7) % CONVERSATIONS;
-                    got.push((c, allocator.next(&conversation(c)).await.expect("seq")));
+                    got.push((c, allocator.next(&conversation(c), CLAIM).await.expect("seq").seq));
                 }
                 (node, got)
             }));
@@ -75,7 +79,7 @@ async fn four_nodes_eight_tasks_twenty_conversations(backend: Backend) {
         let mut last = HashMap::new();
         for round in 0..200 {
             let c = round % CONVERSATIONS;
-            let seq = allocator.next(&conversation(c)).await.expect("seq");
+            let seq = allocator.next(&conversation(c), CLAIM).await.expect("seq").seq;
             if let Some(previous) = last.insert(c, seq) {
                 assert!(seq > previous);
             }
@@ -98,7 +102,7 @@ async fn dropped_allocator_never_reissues(backend: Backend) {
         let allocator = Arc::new(SeqAllocator::new(Arc::new(db.another_node().await), config.clone()));
         // Use a few seqs of the segment, then "crash" mid-segment.
         for _ in 0..7 {
-            let seq = allocator.next(&room).await.expect("seq");
+            let seq = allocator.next(&room, CLAIM).await.expect("seq").seq;
             assert!(issued.insert(seq), "seq {seq} reissued after a crash");
             assert!(seq > highest, "seq {seq} not above {highest} from before the crash");
             highest = seq;

@@ -158,7 +158,10 @@ async fn a_node_that_leaves_disappears_from_the_others_views() {
     assert!(c.view().epoch > before);
     eventually("the others' rings without the node that left", || agree(&[&a, &b])).await;
     assert!(a.view().epoch > before);
-    assert_eq!(a.address_of(c.this_node()), None);
+    assert!(a.members().iter().all(|(node, _)| *node != c.this_node()), "no longer a member");
+    // Still reached at its last address for a while (a view may lack a live node while the
+    // leases are re-asserted after Redis lost its data); a node that is gone fails at connect.
+    assert_eq!(a.address_of(c.this_node()), Some(address(3)));
     c.leave().await.expect("leaving twice does nothing");
     leave_all(&[&a, &b]).await;
 }
@@ -194,7 +197,7 @@ async fn a_node_dropped_without_leaving_is_removed_once_its_lease_lapses() {
     drop(b);
     eventually("the dropped node off the ring", || !ring(&a).contains(&gone.0)).await;
     assert!(a.view().epoch > before, "a lapse is a new epoch");
-    assert_eq!(a.address_of(gone), None);
+    assert!(a.members().iter().all(|(node, _)| *node != gone), "no longer a member");
     let again = scratch.join(3).await;
     assert_eq!(again.this_node(), gone, "a lapsed id is free again, and the lowest");
     leave_all(&[&a, &again]).await;

@@ -6,6 +6,8 @@ mod allocator;
 mod cli;
 mod cluster;
 mod cluster_membership;
+mod cluster_plugin_state;
+mod fencing;
 mod in_process;
 mod layering;
 mod messaging;

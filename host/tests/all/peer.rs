@@ -20,6 +20,7 @@ use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, Me
 use herald_host::pipeline::Settled;
 use herald_host::routing::Route;
 use herald_host::routing::bus::{BusError, NodeBus, Origin, SendAck, SendRequest};
+use herald_host::routing::cache::RouteChanges;
 use herald_proto::peer::v1 as wire;
 use herald_proto::peer::v1::peer_frame::Body;
 use herald_proto::v1;
@@ -118,6 +119,7 @@ enum Recorded {
     PublishRoom(Message),
     Kick(Route),
     LowestInFlight(ConversationId),
+    RoutesChanged(Vec<UserId>),
 }
 
 /// A [`PeerHandler`] that records every call. Sends wait while `sends` is closed and take
@@ -193,6 +195,10 @@ impl PeerHandler for Recorder {
         self.record(Recorded::LowestInFlight(conversation.clone()));
         (conversation.as_str() != "room:idle").then_some(41)
     }
+
+    async fn routes_changed(&self, users: Vec<UserId>) {
+        self.record(Recorded::RoutesChanged(users));
+    }
 }
 
 /// Where each node listens, changeable while the bus runs (a node restarted elsewhere).
@@ -208,6 +214,10 @@ impl Directory {
 impl PeerAddresses for Directory {
     fn address_of(&self, node: NodeId) -> Option<SocketAddr> {
         self.0.lock().expect("not poisoned").get(&node).copied()
+    }
+
+    fn nodes(&self) -> Vec<NodeId> {
+        self.0.lock().expect("not poisoned").keys().copied().collect()
     }
 }
 
@@ -399,6 +409,26 @@ async fn publish_room_reaches_every_node_named() {
     pair.bus.publish_room(&[CALLED, third], Arc::new(message())).await.expect("published to both");
     for recorder in [&pair.recorder, &other] {
         assert!(matches!(recorder.calls().as_slice(), [Recorded::PublishRoom(m)] if *m == message()));
+    }
+}
+
+#[tokio::test]
+async fn a_route_change_is_announced_to_every_other_live_node_and_waited_for() {
+    let pair = Pair::start().await;
+    let (other, _watch) = Recorder::new();
+    let third = NodeId(3);
+    let served = Served::start(third, secret(SECRET), Arc::clone(&other) as _, timeouts()).await;
+    pair.directory.set(third, served.address);
+    // The caller itself is listed too (as membership lists every member): it is skipped.
+    pair.directory.set(CALLER, "127.0.0.1:9".parse().expect("an address"));
+    let users = vec![user("bob"), user("carol")];
+    pair.bus.routes_changed(&users).await;
+    for recorder in [&pair.recorder, &other] {
+        assert!(
+            matches!(recorder.calls().as_slice(), [Recorded::RoutesChanged(u)] if *u == users),
+            "{:?}",
+            recorder.calls()
+        );
     }
 }
 

@@ -95,7 +95,8 @@ async fn concurrent_duplicates_through_group_commit_store_one_row(backend: Backe
             let committer = committer.clone();
             // Same (sender, client_msg_id), different ids and seqs: one may win.
             tokio::spawn(async move {
-                let ticket = committer.submit(message(1000 + i, "grp:g1", 1 + i, "carol", 9)).await.expect("queued");
+                let ticket =
+                    committer.submit(message(1000 + i, "grp:g1", 1 + i, "carol", 9), None).await.expect("queued");
                 ticket.wait().await
             })
         })
@@ -130,7 +131,9 @@ async fn closing_the_group_committer_answers_every_queued_insert(backend: Backen
     for n in 0..3000u32 {
         let conversation = format!("grp:g{}", n % 30);
         let seq = u64::from(n / 30 + 1);
-        tickets.push(committer.submit(message(u64::from(n) + 1, &conversation, seq, "dana", n)).await.expect("queued"));
+        tickets.push(
+            committer.submit(message(u64::from(n) + 1, &conversation, seq, "dana", n), None).await.expect("queued"),
+        );
     }
     committer.close().await;
     for (n, ticket) in tickets.into_iter().enumerate() {

@@ -3,7 +3,7 @@
 //! silent skip.
 
 #[path = "../scratch/mod.rs"]
-mod scratch;
+pub mod scratch;
 
 use herald_host::config::StorageConfig;
 use herald_host::store::{Backend, Database};

@@ -211,6 +211,14 @@ struct Shared {
     epoch: watch::Sender<u64>,
     /// Whether the lease may have lapsed.
     fenced: watch::Sender<bool>,
+    /// How often Redis was found to have lost its data (the lease taken again).
+    data_lost: watch::Sender<u64>,
+    /// The lease is lost for good (another instance may hold the id).
+    lost: watch::Sender<bool>,
+    /// The last address each node advertised and when it was last a member, so a peer
+    /// missing from one view (the leases being re-asserted after Redis lost its data) is
+    /// still reached; a node gone for good fails at connect.
+    last_seen: Mutex<std::collections::HashMap<NodeId, (SocketAddr, Instant)>>,
     /// Tests stop the heartbeat with it, to watch the lease lapse.
     paused: AtomicBool,
 }
@@ -261,6 +269,9 @@ impl RedisMembership {
             current: ArcSwap::from_pointee(snapshot(&listing, settings.virtual_nodes)),
             epoch: watch::Sender::new(listing.epoch),
             fenced: watch::Sender::new(!lease.holds()),
+            data_lost: watch::Sender::new(0),
+            lost: watch::Sender::new(false),
+            last_seen: Mutex::new(std::collections::HashMap::new()),
             lease,
             settings,
             paused: AtomicBool::new(false),
@@ -275,11 +286,16 @@ impl RedisMembership {
         self.shared.node
     }
 
-    /// Where peers reach `node`, as of the last view; `None` for a node not in it.
+    /// Where peers reach `node`, as of the last view, or where it was if it left the view
+    /// less than two lease TTLs ago; `None` otherwise.
     pub fn address_of(&self, node: NodeId) -> Option<SocketAddr> {
         let current = self.shared.current.load();
-        let at = current.members.binary_search_by_key(&node, |member| member.node).ok()?;
-        current.members[at].address
+        if let Ok(at) = current.members.binary_search_by_key(&node, |member| member.node) {
+            return current.members[at].address;
+        }
+        // Not in this view: reached where it last was, for two lease TTLs.
+        let remembered = self.shared.last_seen.lock().unwrap_or_else(PoisonError::into_inner).get(&node).copied();
+        remembered.filter(|(_, seen)| seen.elapsed() < self.shared.settings.lease_ttl * 2).map(|(address, _)| address)
     }
 
     /// The live members and their addresses as of the last view, by node id (for
@@ -299,6 +315,20 @@ impl RedisMembership {
     /// still held (see the module doc).
     pub fn fenced(&self) -> watch::Receiver<bool> {
         self.shared.fenced.subscribe()
+    }
+
+    /// Counts the times Redis was found to have lost its data (FLUSHALL, a restart without
+    /// persistence) and this node's lease was taken again: each time, what else this node
+    /// keeps in Redis (its connections' routes, its rooms) must be written again.
+    pub fn data_lost(&self) -> watch::Receiver<u64> {
+        self.shared.data_lost.subscribe()
+    }
+
+    /// Resolves once the lease is lost for good: a renew found it lapsed in Redis (the
+    /// node was paused or cut off past its TTL) and the id may be another node's now. The
+    /// node cannot act under this id again and must stop; started again, it joins anew.
+    pub async fn lost(&self) {
+        let _ = self.shared.lost.subscribe().wait_for(|&lost| lost).await;
     }
 
     /// Whether the lease is certainly still this node's at this instant; exact, where
@@ -347,12 +377,29 @@ impl Topology for RedisMembership {
     fn view(&self) -> Arc<RingView> {
         Arc::clone(&self.shared.current.load().view)
     }
+
+    fn holds_lease(&self) -> bool {
+        RedisMembership::holds_lease(self)
+    }
 }
 
 /// The node-to-node links find peers through the last view.
 impl PeerAddresses for RedisMembership {
     fn address_of(&self, node: NodeId) -> Option<SocketAddr> {
         RedisMembership::address_of(self, node)
+    }
+
+    /// The members, and the nodes that left the view less than two lease TTLs ago (see
+    /// [`RedisMembership::address_of`]): an announcement must reach a live node that one view
+    /// lacked while the leases were being re-asserted.
+    fn nodes(&self) -> Vec<NodeId> {
+        let mut nodes: Vec<NodeId> = self.shared.current.load().members.iter().map(|member| member.node).collect();
+        let recent = self.shared.settings.lease_ttl * 2;
+        let last_seen = self.shared.last_seen.lock().unwrap_or_else(PoisonError::into_inner);
+        nodes.extend(last_seen.iter().filter(|(_, (_, seen))| seen.elapsed() < recent).map(|(node, _)| *node));
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
     }
 }
 

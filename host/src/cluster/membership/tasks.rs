@@ -45,6 +45,7 @@ impl Shared {
                     if let Renewed::Reasserted { generation: new } = renewed {
                         tracing::warn!(node = %self.node, "Redis had lost its data; this node's lease is taken again");
                         generation = new;
+                        self.data_lost.send_modify(|count| *count += 1);
                     }
                     if trouble.cleared() {
                         tracing::info!(node = %self.node, "lease renewed again");
@@ -60,6 +61,7 @@ impl Shared {
                         node = %self.node, held_by = holder.as_deref().unwrap_or("no one"),
                         "lease lost: it lapsed in Redis, and another node may hold the id now; this node must join again"
                     );
+                    self.lost.send_replace(true);
                     return;
                 }
                 Err(failure) => {
@@ -135,7 +137,15 @@ impl Shared {
         if listing.epoch <= in_force {
             return if listing.epoch == in_force { Installed::Same } else { Installed::Older };
         }
-        self.current.store(Arc::new(snapshot(listing, self.settings.virtual_nodes)));
+        let previous = self.current.swap(Arc::new(snapshot(listing, self.settings.virtual_nodes)));
+        let now = Instant::now();
+        let mut last_seen = self.last_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for member in &previous.members {
+            if let Some(address) = member.address {
+                last_seen.insert(member.node, (address, now));
+            }
+        }
+        drop(last_seen);
         self.epoch.send_replace(listing.epoch);
         tracing::info!(
             node = %self.node, epoch = listing.epoch,

@@ -19,6 +19,7 @@ use super::{Kind, PeerAddresses, PeerSecret, PeerTimeouts, wire};
 use crate::model::{ConversationId, Message, NodeId, UserId};
 use crate::routing::Route;
 use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
+use crate::routing::cache::RouteChanges;
 
 /// Cluster mode's [`NodeBus`]: one multiplexed link per peer, opened on first use.
 ///
@@ -214,6 +215,25 @@ impl NodeBus for PeerBus {
     }
 }
 
+/// A login is announced to every other live node, all at once; a node that cannot be
+/// reached within the request deadline is skipped (its cache entry expires by itself).
+#[async_trait]
+impl RouteChanges for PeerBus {
+    async fn routes_changed(&self, users: &[UserId]) {
+        let request = wire::routes_changed(users);
+        let calls = self.addresses.nodes().into_iter().filter(|&node| node != self.local).map(|node| {
+            let request = request.clone();
+            async move {
+                let outcome = self.call(node, Kind::RoutesChanged, request).await;
+                if let Err(error) = outcome.and_then(|outcome| done(node, Kind::RoutesChanged, outcome)) {
+                    tracing::debug!(%node, %error, "a route change was not announced");
+                }
+            }
+        });
+        join_all(calls).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +243,10 @@ mod tests {
     impl PeerAddresses for Nowhere {
         fn address_of(&self, _node: NodeId) -> Option<SocketAddr> {
             None
+        }
+
+        fn nodes(&self) -> Vec<NodeId> {
+            Vec::new()
         }
     }
 

@@ -83,6 +83,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub trait PeerAddresses: Send + Sync + 'static {
     /// The address `node` accepts links on, or `None` when no live node has that id.
     fn address_of(&self, node: NodeId) -> Option<SocketAddr>;
+    /// Every live node (this one included).
+    fn nodes(&self) -> Vec<NodeId>;
 }
 
 /// What a node does for the others: the called side of every [`NodeBus`] method.
@@ -105,6 +107,8 @@ pub trait PeerHandler: Send + Sync + 'static {
     async fn kick(&self, route: Route);
     /// The lowest seq of `conversation` this node has taken and not yet settled.
     async fn lowest_in_flight(&self, conversation: ConversationId) -> Option<u64>;
+    /// `users`' routes changed on the calling node: forget what is cached of them.
+    async fn routes_changed(&self, users: Vec<UserId>);
 }
 
 /// `cluster.secret`: what every node of a cluster shares, and proves it knows when it opens
@@ -181,6 +185,7 @@ enum Kind {
     PublishRoom,
     Kick,
     LowestInFlight,
+    RoutesChanged,
 }
 
 impl Kind {
@@ -191,6 +196,7 @@ impl Kind {
             Self::PublishRoom => "publish_room",
             Self::Kick => "kick",
             Self::LowestInFlight => "lowest_in_flight",
+            Self::RoutesChanged => "routes_changed",
         }
     }
 }

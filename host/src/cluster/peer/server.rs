@@ -186,6 +186,10 @@ impl PeerServer {
             Call::LowestInFlight(conversation) => {
                 (Outcome::InFlight(InFlight { seq: self.handler.lowest_in_flight(conversation).await }), None)
             }
+            Call::RoutesChanged(users) => {
+                self.handler.routes_changed(users).await;
+                (done, None)
+            }
         }
     }
 }

@@ -38,6 +38,7 @@ pub(super) enum Call {
     PublishRoom(Message),
     Kick(Route),
     LowestInFlight(ConversationId),
+    RoutesChanged(Vec<UserId>),
 }
 
 impl Call {
@@ -75,6 +76,9 @@ impl Call {
             WireKind::PublishRoom(publish) => Self::PublishRoom(message_from(publish.message)?),
             WireKind::Kick(kick) => Self::Kick(route_from(kick.route.ok_or(WireError::Missing("route"))?)?),
             WireKind::LowestInFlight(ask) => Self::LowestInFlight(ConversationId::parse(&ask.conversation)?),
+            WireKind::RoutesChanged(changed) => {
+                Self::RoutesChanged(changed.users.iter().map(|user| UserId::parse(user)).collect::<Result<_, _>>()?)
+            }
         })
     }
 }
@@ -113,6 +117,10 @@ pub(super) fn kick(route: &Route) -> WireKind {
             connected_at_ms: route.connected_at_ms,
         }),
     })
+}
+
+pub(super) fn routes_changed(users: &[UserId]) -> WireKind {
+    WireKind::RoutesChanged(wire::RoutesChanged { users: users.iter().map(ToString::to_string).collect() })
 }
 
 pub(super) fn lowest_in_flight(conversation: &ConversationId) -> WireKind {

@@ -15,11 +15,14 @@
 
 mod cdp;
 mod client;
+mod nodes;
 mod raw;
 mod server;
 mod token;
 
 mod chat;
+mod cluster_faults;
+mod cluster_nodes;
 mod delivery;
 mod durability;
 mod gateway;

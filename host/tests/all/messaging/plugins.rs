@@ -13,7 +13,7 @@ use super::client::Client;
 use super::server::Herald;
 
 /// Copies the named first-party plugins (built .wasm + manifest) into a fresh folder.
-fn install(names: &[&str]) -> tempfile::TempDir {
+pub fn install(names: &[&str]) -> tempfile::TempDir {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins");
     let dir = tempfile::tempdir().expect("plugins dir");
     for name in names {
@@ -34,7 +34,7 @@ fn install(names: &[&str]) -> tempfile::TempDir {
 
 /// Replaces the `[config]` of installed plugin `name`'s manifest with `config` (TOML that
 /// follows a `[config]` header).
-fn configure(dir: &tempfile::TempDir, name: &str, config: &str) {
+pub fn configure(dir: &tempfile::TempDir, name: &str, config: &str) {
     let path = dir.path().join(format!("{name}.toml"));
     let manifest = std::fs::read_to_string(&path).expect("manifest");
     let head = manifest.split("\n[config").next().unwrap_or_default();

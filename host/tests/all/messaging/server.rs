@@ -171,6 +171,19 @@ impl Herald {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, …) to the process, as `kill -<signal>` would.
+    pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("herald is running");
+        let status =
+            Command::new("kill").args([format!("-{signal}"), child.id().to_string()]).status().expect("run kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
     /// Starts the server again on the same data dir (on a new port: read `port` again).
     pub async fn restart(&mut self) {
         self.kill9();

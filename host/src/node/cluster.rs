@@ -1,0 +1,314 @@
+//! Cluster mode's assembly: joining the cluster, the Redis seams and the node-to-node
+//! links, and the loops that keep this node's view of the cluster current.
+//!
+//! Start-up order matters: the peer listener is bound first (the address this node
+//! advertises must accept links as soon as others see its lease), then the node id is
+//! leased (it names every snowflake id), then the seams are built on it; the peer server
+//! starts once the services exist. At shutdown the lease is given up last, after the
+//! writers have committed what was queued, so no other node takes a conversation over
+//! while this one still commits for it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{NodeError, Seams};
+use crate::clock::{SystemClock, WallClock};
+use crate::cluster::membership::{MembershipSettings, RedisMembership};
+use crate::cluster::peer::{PeerBus, PeerHandler, PeerSecret, PeerServer, PeerTimeouts};
+use crate::cluster::{
+    KeyPrefix, MarkLifetimes, RedisConnection, RedisDedup, RedisPluginKv, RedisRateLimiter, RedisRoomDirectory,
+    RedisRouteTable, RedisTimeouts,
+};
+use crate::config::Config;
+use crate::delivery::sessions::Sessions;
+use crate::ids::SeqAllocator;
+use crate::model::NodeId;
+use crate::plugins::{Hook, PluginHost, PluginKv, RateLimiter};
+use crate::routing::cache::CachedRoutes;
+use crate::routing::rooms::{RoomDirectory, Rooms};
+use crate::routing::router::Router;
+use crate::routing::topology::Topology;
+use crate::routing::{Route, RouteTable};
+use herald_plugin_runtime::KvLimits;
+
+/// Most users whose routes are cached (a few hundred bytes each).
+const ROUTE_CACHE_USERS: u64 = 1_000_000;
+
+/// This node's part in a cluster: its lease, the shared Redis seams and its peer links.
+pub struct Cluster {
+    /// The lease, the members and the ring.
+    pub membership: Arc<RedisMembership>,
+    /// Kept to drop a dead node's routes.
+    routes: Arc<RedisRouteTable>,
+    /// The route table the services use: `routes` behind a short local cache.
+    pub cached_routes: Arc<CachedRoutes>,
+    /// The node-to-node links.
+    bus: Arc<PeerBus>,
+    /// Shared by every Redis seam of this node.
+    redis: RedisConnection,
+    keys: KeyPrefix,
+    secret: PeerSecret,
+    timeouts: PeerTimeouts,
+    /// Bound at join, served once the services exist.
+    listener: Mutex<Option<TcpListener>>,
+    /// Where the listener is bound.
+    pub peer_listen: SocketAddr,
+}
+
+/// What this node holds that Redis must know: its connections and room subscriptions.
+pub(super) struct HeldHere {
+    pub sessions: Arc<Sessions>,
+    pub rooms: Arc<Rooms>,
+    pub room_directory: Arc<dyn RoomDirectory>,
+    pub clock: Arc<dyn WallClock>,
+}
+
+/// What `/admin/cluster` shows of this node's membership.
+#[derive(Debug, serde::Serialize)]
+pub struct ClusterStatus {
+    pub advertise: SocketAddr,
+    pub peer_listen: SocketAddr,
+    /// Whether this node's lease is certainly still its own.
+    pub holds_lease: bool,
+    /// The live members and the addresses they advertise.
+    pub members: Vec<(NodeId, SocketAddr)>,
+}
+
+impl Cluster {
+    /// Connects to Redis, binds the peer listener and leases a node id.
+    ///
+    /// # Errors
+    /// [`NodeError::Config`] naming what failed: Redis unreachable, the peer address taken,
+    /// a pinned node id held by a live node, an unusable secret.
+    pub async fn join(config: &Config) -> Result<Self, NodeError> {
+        let settings = &config.cluster;
+        let refuse = |what: String| NodeError::Config(what);
+        let url = settings.redis_url.as_deref().unwrap_or_default();
+        let secret = settings
+            .secret(config.dev)
+            .ok_or_else(|| refuse("cluster.secret is required outside dev mode".into()))
+            .and_then(|secret| PeerSecret::new(secret).map_err(|error| refuse(error.to_string())))?;
+        let keys =
+            KeyPrefix::new(&settings.key_prefix).map_err(|error| refuse(format!("cluster.key_prefix: {error}")))?;
+        let redis = RedisConnection::connect(url, settings.lease_ttl())
+            .await
+            .map_err(|error| refuse(format!("cluster mode: {error}")))?;
+        let listener = TcpListener::bind(settings.peer_listen).await.map_err(|error| {
+            refuse(format!("cannot accept node-to-node links on cluster.peer_listen {}: {error}", settings.peer_listen))
+        })?;
+        let peer_listen = listener.local_addr().map_err(|error| refuse(error.to_string()))?;
+        // A port of 0 (tests) advertises the port it was given.
+        let advertise = match settings.advertise {
+            Some(advertise) => advertise,
+            None => peer_listen,
+        };
+        let membership_settings = MembershipSettings {
+            pinned: config.node_id.map(NodeId),
+            virtual_nodes: settings.virtual_nodes,
+            ..MembershipSettings::new(advertise).with_lease_ttl(settings.lease_ttl())
+        };
+        let membership = RedisMembership::join(redis.clone(), keys.clone(), membership_settings)
+            .await
+            .map_err(|error| refuse(error.to_string()))?;
+        let routes = Arc::new(RedisRouteTable::new(redis.clone(), keys.clone(), RedisTimeouts::default()));
+        let this_node = membership.this_node();
+        // Routes an earlier process with this id left behind (it was killed) are ghosts.
+        match routes.drop_node(this_node).await {
+            Ok(0) => {}
+            Ok(dropped) => tracing::info!(%this_node, dropped, "dropped the routes of this node id's previous life"),
+            Err(error) => tracing::warn!(%this_node, %error, "could not drop old routes of this node id"),
+        }
+        tracing::info!(%this_node, %advertise, %peer_listen, "cluster mode");
+        let timeouts = PeerTimeouts::default();
+        let bus = Arc::new(PeerBus::new(this_node, secret.clone(), Arc::clone(&membership) as _, timeouts));
+        let cached_routes =
+            Arc::new(CachedRoutes::new(Arc::clone(&routes) as _, settings.route_cache_ttl(), ROUTE_CACHE_USERS));
+        cached_routes.announce_to(Arc::clone(&bus) as _);
+        Ok(Self {
+            membership,
+            routes,
+            cached_routes,
+            bus,
+            redis,
+            keys,
+            secret,
+            timeouts,
+            listener: Mutex::new(Some(listener)),
+            peer_listen,
+        })
+    }
+
+    /// The plugin KV and rate limiter every node shares.
+    pub(super) fn plugin_state(&self) -> (Arc<dyn PluginKv>, Arc<dyn RateLimiter>) {
+        let timeouts = RedisTimeouts::default();
+        let kv = RedisPluginKv::new(self.redis.clone(), self.keys.clone(), timeouts, KvLimits::default());
+        (Arc::new(kv), Arc::new(RedisRateLimiter::new(self.redis.clone(), self.keys.clone(), timeouts)))
+    }
+
+    /// The node id this node leased.
+    pub fn this_node(&self) -> NodeId {
+        self.membership.this_node()
+    }
+
+    /// The seams of a cluster node: Redis for routes, rooms and dedup marks, the
+    /// membership's ring, node-to-node links for the bus.
+    pub(super) fn seams(&self, config: &Config, plugins: &Arc<PluginHost>) -> Seams {
+        let this_node = self.this_node();
+        let timeouts = RedisTimeouts::default();
+        let (redis, keys) = (&self.redis, &self.keys);
+        let lifetimes = MarkLifetimes::with_ttl(Duration::from_millis(config.delivery.dedup_ttl_ms));
+        let topology: Arc<RedisMembership> = Arc::clone(&self.membership);
+        Seams {
+            this_node,
+            clock: Arc::new(SystemClock),
+            routes: Arc::clone(&self.cached_routes) as _,
+            rooms: Arc::new(Rooms::default()),
+            room_directory: Arc::new(RedisRoomDirectory::new(redis.clone(), keys.clone(), timeouts)),
+            sessions: Arc::new(Sessions::default()),
+            dedup: Arc::new(RedisDedup::new(redis.clone(), keys.clone(), timeouts, lifetimes)),
+            bus: Arc::clone(&self.bus) as _,
+            router: Arc::new(Router::new(Arc::clone(plugins), topology, this_node)),
+        }
+    }
+
+    /// Serves node-to-node links with `handler` until `stop` turns true.
+    pub(super) fn serve_peers(&self, handler: Arc<dyn PeerHandler>, stop: watch::Receiver<bool>) {
+        let Some(listener) = self.listener.lock().unwrap_or_else(PoisonError::into_inner).take() else { return };
+        let server = PeerServer::new(self.this_node(), self.secret.clone(), handler, self.timeouts);
+        tokio::spawn(server.serve(listener, stop));
+    }
+
+    /// What `/admin/cluster` shows.
+    pub fn status(&self) -> ClusterStatus {
+        ClusterStatus {
+            advertise: self.membership.address_of(self.this_node()).unwrap_or(self.peer_listen),
+            peer_listen: self.peer_listen,
+            holds_lease: self.membership.holds_lease(),
+            members: self.membership.members(),
+        }
+    }
+
+    /// Whether this node may act for its conversations (`/readyz`).
+    pub fn holds_lease(&self) -> bool {
+        self.membership.holds_lease()
+    }
+
+    /// Gives the lease up (the others take this node's conversations over at once) and
+    /// removes this node's routes.
+    pub async fn leave(&self) {
+        // A lease lost for good may be another process's now: its routes are not ours to drop.
+        let held = self.membership.holds_lease();
+        if let Err(error) = self.membership.leave().await {
+            tracing::warn!(%error, "could not give the lease up; it lapses by itself");
+        }
+        if held && let Err(error) = self.routes.drop_node(self.this_node()).await {
+            tracing::warn!(%error, "could not remove this node's routes");
+        }
+    }
+
+    /// Each time Redis is found to have lost its data (FLUSHALL, a restart without
+    /// persistence), writes again what this node keeps there: the route of every open
+    /// connection (unless a newer connection of the device wrote one meanwhile) and this
+    /// node's entry for every room it has subscribers of. The lease itself is re-taken by
+    /// the membership's heartbeat, which is what signals the loss. Runs until the node stops.
+    pub(super) async fn reassert_after_data_loss(self: Arc<Self>, held: HeldHere) {
+        let mut losses = self.membership.data_lost();
+        let this_node = self.this_node();
+        while losses.changed().await.is_ok() {
+            let (mut routes, mut rooms, mut failed) = (0, 0, 0);
+            let mut users = Vec::new();
+            for session in held.sessions.all() {
+                users.push(session.user.clone());
+                let route = Route {
+                    user: session.user.clone(),
+                    device: session.device.clone(),
+                    node: this_node,
+                    connection: session.id,
+                    connected_at_ms: held.clock.now_ms(),
+                };
+                match self.cached_routes.restore(route).await {
+                    Ok(wrote) => routes += usize::from(wrote),
+                    Err(_) => failed += 1,
+                }
+            }
+            // Other nodes may have cached "no device" while the routes were missing.
+            self.cached_routes.announce(&users).await;
+            for room in held.rooms.rooms() {
+                match held.room_directory.joined(&room, this_node).await {
+                    Ok(()) => rooms += 1,
+                    Err(_) => failed += 1,
+                }
+            }
+            tracing::warn!(
+                routes,
+                rooms,
+                failed,
+                "Redis had lost its data; this node's routes and rooms are written again"
+            );
+        }
+    }
+
+    /// Follows ring changes: forgets the seq segments of conversations this node no longer
+    /// owns and the cached routes (they may name a node that left). The routes of a node
+    /// that left are removed once it has been gone for two lease TTLs — not at once: while
+    /// the leases are re-asserted after Redis lost its data, views briefly lack live nodes,
+    /// whose routes must not be dropped. Its devices reconnect elsewhere meanwhile. Runs
+    /// until the node stops.
+    pub(super) async fn follow_ring(
+        self: Arc<Self>,
+        plugins: Arc<PluginHost>,
+        seqs: Arc<SeqAllocator>,
+        lease_ttl: Duration,
+    ) {
+        let this_node = self.this_node();
+        let mut epochs = self.membership.subscribe();
+        let members_now = || self.membership.members().into_iter().map(|(node, _)| node).collect::<BTreeSet<NodeId>>();
+        let mut known = members_now();
+        let mut departed: HashMap<NodeId, Instant> = HashMap::new();
+        let mut sweep = tokio::time::interval(lease_ttl / 2);
+        loop {
+            tokio::select! {
+                changed = epochs.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let members = members_now();
+                    if members != known {
+                        self.cached_routes.clear();
+                    }
+                    // With a route-key hook the owner is the hook's to say: segments are kept,
+                    // and a stale one is refused at commit by the fence in `session_seq`.
+                    let forgotten = if plugins.has_hook(Hook::RouteKey) {
+                        0
+                    } else {
+                        let view = self.membership.view();
+                        seqs.retain(|conversation| view.owner(conversation.as_str()) == Some(this_node))
+                    };
+                    tracing::info!(epoch = *epochs.borrow(), members = ?members, forgotten, "the ring changed");
+                    for gone in known.difference(&members) {
+                        departed.entry(*gone).or_insert_with(Instant::now);
+                    }
+                    departed.retain(|node, _| !members.contains(node));
+                    known = members;
+                }
+                _ = sweep.tick() => {
+                    let due: Vec<NodeId> =
+                        departed.iter().filter(|(_, since)| since.elapsed() >= lease_ttl * 2).map(|(node, _)| *node).collect();
+                    for gone in due {
+                        departed.remove(&gone);
+                        match self.routes.drop_node(gone).await {
+                            Ok(dropped) => tracing::info!(node = %gone, dropped, "a node left; its routes are removed"),
+                            Err(error) => tracing::warn!(node = %gone, %error, "could not remove a departed node's routes"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

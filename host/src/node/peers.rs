@@ -1,0 +1,60 @@
+//! What this node does for the other nodes of a cluster: the called side of the node bus.
+//!
+//! [`PeerServer`](crate::cluster::peer::PeerServer) accepts links from the other nodes and
+//! hands each request here; every request lands on the same services a local client's
+//! would: a forwarded send is admitted by this node's pipeline (it owns the conversation),
+//! a delivery and a room message are pushed by this node's delivery to the devices
+//! connected here, a kick closes a connection of this node's gateway.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::cluster::peer::PeerHandler;
+use crate::delivery::Delivery;
+use crate::gateway::Gateway;
+use crate::model::{ConversationId, Message, UserId};
+use crate::pipeline::lanes::Lanes;
+use crate::pipeline::{Admission, Pipeline, Settled};
+use crate::routing::Route;
+use crate::routing::bus::SendRequest;
+use crate::routing::cache::CachedRoutes;
+
+/// The services a peer request reaches.
+pub(super) struct NodePeers {
+    pub pipeline: Arc<Pipeline>,
+    pub delivery: Arc<Delivery>,
+    pub gateway: Arc<Gateway>,
+    pub lanes: Arc<Lanes>,
+    pub routes: Arc<CachedRoutes>,
+}
+
+#[async_trait]
+impl PeerHandler for NodePeers {
+    async fn send(&self, request: SendRequest) -> Settled {
+        match self.pipeline.admit(request).await {
+            Admission::Done(ack) => Settled { ack, fan_out: None },
+            Admission::Wait(rest) => rest.await,
+        }
+    }
+
+    async fn deliver(&self, message: Message, users: Vec<UserId>) {
+        self.delivery.deliver_here(&message, &users).await;
+    }
+
+    async fn publish_room(&self, message: Message) {
+        self.delivery.push_to_room_here(&message);
+    }
+
+    async fn kick(&self, route: Route) {
+        self.gateway.kick(&route);
+    }
+
+    async fn lowest_in_flight(&self, conversation: ConversationId) -> Option<u64> {
+        self.lanes.lowest_in_flight(&conversation)
+    }
+
+    async fn routes_changed(&self, users: Vec<UserId>) {
+        self.routes.invalidate(&users);
+    }
+}

@@ -1,0 +1,297 @@
+//! A short-lived local cache in front of a shared route table (cluster mode).
+//!
+//! Fan-out asks where every member's devices are for every message; with Redis behind the
+//! route table that is one round trip per message. [`CachedRoutes`] keeps each user's
+//! routes for a short time (`ttl`, 2 s by default) so a busy conversation costs one lookup
+//! per user per `ttl` instead.
+//!
+//! A cached answer must never hide a device that connected: a message stored after a
+//! device's backfill read would then reach it only at its next sync. So every change is
+//! made known before it can matter:
+//! - a login, logout or restore through this node drops the user's entry here at once;
+//! - a **login** is also announced to every other node ([`RouteChanges`], over the node
+//!   bus) and the login waits for their answers (bounded by the bus deadline) before it
+//!   returns — the gateway starts the device's backfill only after that, so a fan-out that
+//!   still used an old entry did so for a message stored before the backfill read it;
+//! - a lookup that raced with a change does not store what it read: every change bumps a
+//!   counter, and an answer read while the counter moved is used once and not kept.
+//!
+//! A logout elsewhere is not announced: an entry still naming the closed connection only
+//! costs a delivery the other node ignores, until the entry expires.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use moka::sync::Cache;
+
+use super::{Route, RouteError, RouteTable};
+use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
+
+/// Tells the other nodes that users' routes changed, so they drop their cached entries.
+#[async_trait]
+pub trait RouteChanges: Send + Sync + 'static {
+    /// Returns once every other node that could be reached has dropped its entries for
+    /// `users` (or its deadline passed).
+    async fn routes_changed(&self, users: &[UserId]);
+}
+
+/// Hits and misses since start.
+#[derive(Debug, Default)]
+pub struct CacheCounts {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+}
+
+impl CacheCounts {
+    /// The share of users found in the cache, 0..=1 (1 before any lookup).
+    pub fn hit_rate(&self) -> f64 {
+        let hits = self.hits.load(Ordering::Relaxed) as f64;
+        let total = hits + self.misses.load(Ordering::Relaxed) as f64;
+        if total == 0.0 { 1.0 } else { hits / total }
+    }
+}
+
+/// A [`RouteTable`] that remembers lookups of `inner` for a short time.
+pub struct CachedRoutes {
+    inner: Arc<dyn RouteTable>,
+    /// user → their routes (empty: no device connected).
+    entries: Cache<UserId, Arc<[Route]>, foldhash::fast::RandomState>,
+    /// Bumped by every change seen here; a lookup stores its answer only if it did not move.
+    changes: AtomicU64,
+    /// Set once the node bus exists (it is built after the route table).
+    peers: std::sync::OnceLock<Arc<dyn RouteChanges>>,
+    counts: CacheCounts,
+}
+
+impl CachedRoutes {
+    /// Caches lookups of `inner` for `ttl`, at most `capacity` users.
+    pub fn new(inner: Arc<dyn RouteTable>, ttl: Duration, capacity: u64) -> Self {
+        let entries = Cache::builder()
+            .time_to_live(ttl)
+            .max_capacity(capacity)
+            .build_with_hasher(foldhash::fast::RandomState::default());
+        Self {
+            inner,
+            entries,
+            changes: AtomicU64::new(0),
+            peers: std::sync::OnceLock::new(),
+            counts: CacheCounts::default(),
+        }
+    }
+
+    /// Where logins are announced to the other nodes (set once; later calls are ignored).
+    pub fn announce_to(&self, peers: Arc<dyn RouteChanges>) {
+        let _ = self.peers.set(peers);
+    }
+
+    /// Drops every entry (the members changed: entries may name a node that is gone).
+    pub fn clear(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.entries.invalidate_all();
+    }
+
+    /// Drops the entries of `users` (another node saw them log in).
+    pub fn invalidate(&self, users: &[UserId]) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        for user in users {
+            self.entries.invalidate(user);
+        }
+    }
+
+    /// Drops the entries of `users` here and on every other node, waiting for their answers
+    /// (routes written behind the cache's back: a login, routes restored after Redis lost
+    /// its data).
+    pub async fn announce(&self, users: &[UserId]) {
+        self.invalidate(users);
+        if let Some(peers) = self.peers.get() {
+            peers.routes_changed(users).await;
+        }
+    }
+
+    /// Hits and misses so far.
+    pub fn counts(&self) -> &CacheCounts {
+        &self.counts
+    }
+}
+
+#[async_trait]
+impl RouteTable for CachedRoutes {
+    async fn login(&self, route: Route) -> Result<Option<Route>, RouteError> {
+        let user = route.user.clone();
+        self.invalidate(std::slice::from_ref(&user));
+        let replaced = self.inner.login(route).await;
+        self.announce(std::slice::from_ref(&user)).await;
+        replaced
+    }
+
+    async fn logout(
+        &self,
+        user: &UserId,
+        device: &DeviceId,
+        node: NodeId,
+        connection: ConnectionId,
+    ) -> Result<bool, RouteError> {
+        let removed = self.inner.logout(user, device, node, connection).await;
+        self.invalidate(std::slice::from_ref(user));
+        removed
+    }
+
+    async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
+        let mut found = HashMap::with_capacity(users.len());
+        let mut missing = Vec::new();
+        for user in users {
+            match self.entries.get(user) {
+                Some(routes) => {
+                    if !routes.is_empty() {
+                        found.insert(user.clone(), routes.to_vec());
+                    }
+                }
+                None => missing.push(user.clone()),
+            }
+        }
+        let (hits, misses) = ((users.len() - missing.len()) as u64, missing.len() as u64);
+        self.counts.hits.fetch_add(hits, Ordering::Relaxed);
+        self.counts.misses.fetch_add(misses, Ordering::Relaxed);
+        metrics::counter!("herald_route_cache_hits_total").increment(hits);
+        metrics::counter!("herald_route_cache_misses_total").increment(misses);
+        if missing.is_empty() {
+            return Ok(found);
+        }
+        let before = self.changes.load(Ordering::SeqCst);
+        let mut looked_up = self.inner.devices_of(&missing).await?;
+        let keep = self.changes.load(Ordering::SeqCst) == before;
+        for user in missing {
+            let routes = looked_up.remove(&user).unwrap_or_default();
+            if keep {
+                self.entries.insert(user.clone(), routes.clone().into());
+            }
+            if !routes.is_empty() {
+                found.insert(user, routes);
+            }
+        }
+        Ok(found)
+    }
+
+    async fn restore(&self, route: Route) -> Result<bool, RouteError> {
+        let user = route.user.clone();
+        let wrote = self.inner.restore(route).await;
+        self.invalidate(std::slice::from_ref(&user));
+        wrote
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::MemoryRouteTable;
+    use std::sync::Mutex;
+
+    fn route(user: &str, device: &str, node: u32, connection: u64) -> Route {
+        Route {
+            user: UserId::parse(user).expect("valid"),
+            device: DeviceId::parse(device).expect("valid"),
+            node: NodeId(node),
+            connection: ConnectionId(connection),
+            connected_at_ms: 1,
+        }
+    }
+
+    fn user(name: &str) -> UserId {
+        UserId::parse(name).expect("valid")
+    }
+
+    /// Records what was announced.
+    #[derive(Default)]
+    struct Announced(Arc<Mutex<Vec<UserId>>>);
+
+    #[async_trait]
+    impl RouteChanges for Announced {
+        async fn routes_changed(&self, users: &[UserId]) {
+            self.0.lock().expect("not poisoned").extend_from_slice(users);
+        }
+    }
+
+    #[tokio::test]
+    async fn lookups_are_served_from_the_cache_until_a_change_drops_them() {
+        let shared: Arc<dyn RouteTable> = Arc::new(MemoryRouteTable::default());
+        let cached = CachedRoutes::new(Arc::clone(&shared), Duration::from_secs(60), 1000);
+        let announced = Arc::new(Mutex::new(Vec::new()));
+        cached.announce_to(Arc::new(Announced(Arc::clone(&announced))));
+
+        cached.login(route("ann", "phone", 1, 1)).await.expect("login");
+        assert_eq!(*announced.lock().expect("lock"), vec![user("ann")], "a login is announced to the other nodes");
+        let first = cached.devices_of(&[user("ann"), user("bob")]).await.expect("lookup");
+        assert_eq!(first[&user("ann")].len(), 1);
+        assert!(!first.contains_key(&user("bob")), "bob has no device");
+        assert_eq!(
+            (cached.counts().hits.load(Ordering::Relaxed), cached.counts().misses.load(Ordering::Relaxed)),
+            (0, 2)
+        );
+
+        // Another node logs a device in behind this cache's back: still the cached answer...
+        shared.login(route("ann", "laptop", 2, 7)).await.expect("login elsewhere");
+        shared.login(route("bob", "phone", 2, 8)).await.expect("login elsewhere");
+        let cached_answer = cached.devices_of(&[user("ann"), user("bob")]).await.expect("lookup");
+        assert_eq!(cached_answer[&user("ann")].len(), 1, "served from the cache");
+        assert!(!cached_answer.contains_key(&user("bob")), "an empty answer is cached too");
+        assert_eq!(cached.counts().hits.load(Ordering::Relaxed), 2);
+        // ...until that node's announcement arrives.
+        cached.invalidate(&[user("ann"), user("bob")]);
+        let fresh = cached.devices_of(&[user("ann"), user("bob")]).await.expect("lookup");
+        assert_eq!((fresh[&user("ann")].len(), fresh[&user("bob")].len()), (2, 1));
+
+        // A logout through this node drops the entry at once.
+        cached
+            .logout(&user("bob"), &DeviceId::parse("phone").expect("valid"), NodeId(2), ConnectionId(8))
+            .await
+            .expect("logout");
+        assert!(!cached.devices_of(&[user("bob")]).await.expect("lookup").contains_key(&user("bob")));
+    }
+
+    /// A table whose lookups wait until told, so a change can land mid-lookup.
+    struct Slow {
+        inner: MemoryRouteTable,
+        gate: tokio::sync::Notify,
+    }
+
+    #[async_trait]
+    impl RouteTable for Slow {
+        async fn login(&self, route: Route) -> Result<Option<Route>, RouteError> {
+            self.inner.login(route).await
+        }
+        async fn logout(&self, u: &UserId, d: &DeviceId, n: NodeId, c: ConnectionId) -> Result<bool, RouteError> {
+            self.inner.logout(u, d, n, c).await
+        }
+        async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
+            let answer = self.inner.devices_of(users).await;
+            self.gate.notified().await;
+            answer
+        }
+        async fn restore(&self, route: Route) -> Result<bool, RouteError> {
+            self.inner.restore(route).await
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_read_while_a_change_landed_is_not_kept() {
+        let slow = Arc::new(Slow { inner: MemoryRouteTable::default(), gate: tokio::sync::Notify::new() });
+        let cached = Arc::new(CachedRoutes::new(Arc::clone(&slow) as _, Duration::from_secs(60), 1000));
+        let lookup = tokio::spawn({
+            let cached = Arc::clone(&cached);
+            async move { cached.devices_of(&[user("cy")]).await }
+        });
+        tokio::task::yield_now().await;
+        // cy logs in on another node while the lookup (which read "no device") is under way.
+        slow.inner.login(route("cy", "phone", 2, 3)).await.expect("login");
+        cached.invalidate(&[user("cy")]);
+        slow.gate.notify_one();
+        let stale = lookup.await.expect("no panic").expect("lookup");
+        assert!(stale.is_empty(), "the racing lookup answers what it read");
+        slow.gate.notify_one();
+        let fresh = cached.devices_of(&[user("cy")]).await.expect("lookup");
+        assert_eq!(fresh[&user("cy")].len(), 1, "but did not keep it: the next lookup reads the table again");
+    }
+}

@@ -1,0 +1,250 @@
+//! Cluster mode under faults, each checked by the history checker ([`History`]): every
+//! OK-acked message stored exactly once at the seq its ack named, seqs strictly increasing
+//! per conversation, nothing appearing below what a reader already saw, and every device
+//! ending with every message.
+
+use std::time::{Duration, Instant};
+
+use herald_host::store::Backend;
+use herald_proto::v1::{self, frame::Body, send_ack::Status};
+
+use super::client::Client;
+use super::nodes::{History, LEASE_TTL_MS, Nodes, check_history};
+use super::{dm, uuid};
+
+/// How long a send may take to be accepted once its owner is gone: the lease lapsing, the
+/// ring moving, a pending dedup mark of the dead owner expiring.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// A user sending from one node, moving to another when its node is gone.
+struct Writer {
+    user: String,
+    at: usize,
+    client: Option<Client>,
+}
+
+impl Writer {
+    async fn connect(nodes: &Nodes, user: &str, at: usize) -> Self {
+        let client = Client::connect(&nodes.nodes[at], user, "writer").await;
+        Self { user: user.to_owned(), at, client: Some(client) }
+    }
+
+    /// Sends without waiting.
+    async fn send(&mut self, id: &str, conversation: &str) {
+        let client = self.client.as_mut().expect("connected");
+        client.send_with(id, conversation, 1, id.as_bytes()).await;
+    }
+
+    /// The ack of `id` if one comes within `wait` on this connection.
+    async fn ack(&mut self, id: &str, wait: Duration) -> Option<v1::SendAck> {
+        let client = self.client.as_mut()?;
+        client
+            .try_wait_for(wait, |frame| match &frame.body {
+                Some(Body::SendAck(ack)) if ack.client_msg_id == id => Some(ack.clone()),
+                _ => None,
+            })
+            .await
+            .ok()
+    }
+
+    /// Sends `id` (again) until it is OK, moving to a node that is up when this one is not.
+    async fn until_ok(&mut self, nodes: &Nodes, id: &str, conversation: &str) -> v1::SendAck {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            if let Some(ack) = self.ack(id, Duration::from_secs(3)).await {
+                match ack.status() {
+                    // A duplicate answers with the original's ids: as good as OK.
+                    Status::Ok | Status::Duplicate => return ack,
+                    Status::Retry => {}
+                    Status::Rejected | Status::Unspecified => panic!("{id} not accepted: {ack:?}"),
+                }
+            } else if !nodes.up().contains(&self.at) || self.client.is_none() {
+                let up = nodes.up();
+                self.at = up[self.user.len() % up.len()];
+                self.client = Some(Client::connect(&nodes.nodes[self.at], &self.user, "writer").await);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{id} to {conversation} not accepted within {SETTLE:?}\n{}",
+                nodes.log_tails()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            self.send(id, conversation).await;
+        }
+    }
+}
+
+/// Writers on every node, each with a dm to a reader; `owner_killed` owns some of them.
+async fn writers(nodes: &Nodes, count: usize) -> Vec<(Writer, String, String)> {
+    let mut writers = Vec::new();
+    for n in 0..count {
+        let (user, reader) = (format!("w{n}"), format!("r{n}"));
+        let writer = Writer::connect(nodes, &user, n % nodes.nodes.len()).await;
+        writers.push((writer, dm(&user, &reader), reader));
+    }
+    writers
+}
+
+/// Sends `per_writer` messages from every writer without waiting, runs `fault`, then sends
+/// each again until OK and records the acks.
+async fn traffic_through(
+    nodes: &mut Nodes,
+    writers: &mut [(Writer, String, String)],
+    per_writer: usize,
+    history: &mut History,
+    fault: impl AsyncFnOnce(&mut Nodes),
+) {
+    let mut sent = Vec::new();
+    for (index, (writer, conversation, _)) in writers.iter_mut().enumerate() {
+        for _ in 0..per_writer {
+            let id = uuid();
+            writer.send(&id, conversation).await;
+            sent.push((index, id));
+        }
+    }
+    fault(nodes).await;
+    for (index, id) in sent {
+        let (writer, conversation, _) = &mut writers[index];
+        let ack = writer.until_ok(nodes, &id, conversation).await;
+        history.record(&ack);
+    }
+}
+
+/// Every reader, connected to a node that is up, pulls its conversation and checks it.
+async fn every_reader_has_everything(nodes: &Nodes, writers: &[(Writer, String, String)], history: &History) {
+    let up = nodes.up();
+    for (n, (_, conversation, reader)) in writers.iter().enumerate() {
+        let mut client = Client::connect(&nodes.nodes[up[n % up.len()]], reader, "phone").await;
+        let stored = check_history(history, &mut client, conversation).await;
+        assert!(!stored.is_empty(), "{conversation} has messages");
+        client.close().await;
+    }
+}
+
+async fn kill9_of_a_node_mid_traffic(backend: Backend) {
+    let mut nodes = Nodes::start(3, backend).await;
+    let mut writers = writers(&nodes, 6).await;
+    let mut history = History::default();
+    traffic_through(&mut nodes, &mut writers, 5, &mut history, async |_| {}).await;
+    traffic_through(&mut nodes, &mut writers, 10, &mut history, async |nodes: &mut Nodes| nodes.kill9(2)).await;
+    nodes.wait_for_members(2).await;
+    // After the ring moved, more traffic on the two survivors.
+    traffic_through(&mut nodes, &mut writers, 5, &mut history, async |_| {}).await;
+    assert_eq!(history.acked(), 6 * 20);
+    every_reader_has_everything(&nodes, &writers, &history).await;
+
+    // The dead node comes back (same data dir, a new process) and takes part again.
+    nodes.nodes[2].restart().await;
+    nodes.wait_for_members(3).await;
+    traffic_through(&mut nodes, &mut writers, 2, &mut history, async |_| {}).await;
+    every_reader_has_everything(&nodes, &writers, &history).await;
+    nodes.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_a_node_mid_traffic_loses_nothing_on_postgres() {
+    kill9_of_a_node_mid_traffic(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_a_node_mid_traffic_loses_nothing_on_mariadb() {
+    kill9_of_a_node_mid_traffic(Backend::MySql).await;
+}
+
+/// SIGSTOP of the owner of a conversation for longer than its lease: another node takes
+/// the conversation over; after SIGCONT the paused node must not commit anything as its
+/// owner (nothing appears below what readers already saw), and it stops by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_resumed_after_its_lease_lapsed_commits_nothing() {
+    let mut nodes = Nodes::start(3, Backend::Postgres).await;
+    let mut writers = writers(&nodes, 6).await;
+    let mut history = History::default();
+    traffic_through(&mut nodes, &mut writers, 3, &mut history, async |_| {}).await;
+    // The writers of node 2 move now, so that only the owner's role is paused.
+    for (writer, _, _) in &mut writers {
+        if writer.at == 2 {
+            *writer = Writer::connect(&nodes, &writer.user.clone(), 0).await;
+        }
+    }
+    traffic_through(&mut nodes, &mut writers, 5, &mut history, async |nodes: &mut Nodes| {
+        nodes.pause(2);
+    })
+    .await;
+    nodes.wait_for_members(2).await;
+    // What readers see now is the past: nothing may appear in it later.
+    let mut seen = Vec::new();
+    let up = nodes.up();
+    for (n, (_, conversation, reader)) in writers.iter().enumerate() {
+        let mut client = Client::connect(&nodes.nodes[up[n % up.len()]], reader, "phone").await;
+        seen.push(check_history(&history, &mut client, conversation).await);
+        client.close().await;
+    }
+
+    nodes.resume(2);
+    // The zombie learns its lease is gone at its next renew and stops; meanwhile whatever
+    // it had in flight must be refused by the fence.
+    let deadline = Instant::now() + Duration::from_millis(LEASE_TTL_MS * 10);
+    while nodes.nodes[2].is_running() {
+        assert!(Instant::now() < deadline, "the resumed node did not stop\n{}", nodes.nodes[2].log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(nodes.nodes[2].log_tail().contains("lease lost"), "{}", nodes.nodes[2].log_tail());
+    traffic_through(&mut nodes, &mut writers, 3, &mut history, async |_| {}).await;
+    for (n, (_, conversation, reader)) in writers.iter().enumerate() {
+        let mut client = Client::connect(&nodes.nodes[up[n % up.len()]], reader, "phone").await;
+        let now = check_history(&history, &mut client, conversation).await;
+        let last_seen = seen[n].last().map_or(0, |m| m.seq);
+        let past: Vec<u64> = now.iter().filter(|m| m.seq <= last_seen).map(|m| m.id).collect();
+        let before: Vec<u64> = seen[n].iter().map(|m| m.id).collect();
+        assert_eq!(past, before, "{conversation}: a message appeared at or below seq {last_seen} after readers saw it");
+        client.close().await;
+    }
+    nodes.stop().await;
+}
+
+/// Redis forgets everything mid-traffic (FLUSHALL of this deployment's keys): the nodes
+/// re-assert their leases, routes and rooms, and traffic goes on with nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_losing_its_data_mid_traffic_loses_nothing() {
+    let mut nodes = Nodes::start(3, Backend::Postgres).await;
+    let mut writers = writers(&nodes, 6).await;
+    let mut history = History::default();
+    // Readers stay connected throughout: their routes must come back.
+    let mut readers = Vec::new();
+    for (n, (_, conversation, reader)) in writers.iter().enumerate() {
+        readers.push((Client::connect(&nodes.nodes[(n + 1) % 3], reader, "live").await, conversation.clone()));
+    }
+    traffic_through(&mut nodes, &mut writers, 5, &mut history, async |nodes: &mut Nodes| {
+        nodes.redis.forget_everything();
+    })
+    .await;
+    nodes
+        .wait_until("the routes to be written again", async || {
+            nodes.redis.keys_written().iter().filter(|key| key.starts_with("route:{u:r")).count() == 6
+        })
+        .await;
+    nodes.wait_for_members(3).await;
+    let acked_before = history.acked();
+    traffic_through(&mut nodes, &mut writers, 5, &mut history, async |_| {}).await;
+    // Messages sent after the routes came back are pushed live to the readers.
+    for (reader, conversation) in &mut readers {
+        let stored = reader.whole_history(conversation).await;
+        history.check(conversation, &stored);
+        let last = stored.last().expect("messages").id;
+        let pushed = reader
+            .try_wait_for(super::WAIT, |frame| match &frame.body {
+                Some(Body::Deliver(deliver)) if deliver.message.as_ref().is_some_and(|m| m.id == last) => Some(()),
+                _ => None,
+            })
+            .await;
+        assert!(
+            pushed.is_ok(),
+            "{}\n{}",
+            reader.failure(&format!("no push of {last} in {conversation}")),
+            nodes.log_tails()
+        );
+    }
+    assert!(history.acked() > acked_before);
+    every_reader_has_everything(&nodes, &writers, &history).await;
+    nodes.stop().await;
+}

@@ -1,0 +1,208 @@
+//! A cluster of real `herald serve --dev` processes for the tests of cluster mode: N nodes
+//! on loopback sharing a fresh database (PostgreSQL or MariaDB) and a corner of the local
+//! Redis (a key prefix of their own, deleted at the end), node-to-node links on free ports.
+//! Plus the history checker the fault tests share.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use herald_host::store::Backend;
+use herald_proto::v1;
+
+use super::WAIT;
+use super::client::Client;
+use super::server::{DEV_KEY, Herald, Options};
+use crate::redis_scratch::Scratch;
+use crate::support::scratch::ScratchDatabase;
+
+/// Lease TTL of the test nodes: short, so a dead node's conversations move quickly.
+pub const LEASE_TTL_MS: u64 = 1_500;
+
+/// N nodes of one cluster.
+pub struct Nodes {
+    pub nodes: Vec<Herald>,
+    /// The shared database, dropped at the end.
+    database: Option<ScratchDatabase>,
+    /// The shared Redis corner.
+    pub redis: Scratch,
+    extra: Vec<(String, String)>,
+    /// Nodes killed or stopped (SIGSTOP): not asked anything.
+    down: BTreeSet<usize>,
+}
+
+impl Nodes {
+    /// Starts `count` nodes on a fresh database of `backend` and waits until each sees all.
+    pub async fn start(count: usize, backend: Backend) -> Self {
+        Self::start_with(count, backend, &[]).await
+    }
+
+    /// As [`start`](Self::start), with extra `HERALD_*` settings (`("GATEWAY__HEARTBEAT_MS", "200")`).
+    pub async fn start_with(count: usize, backend: Backend, extra: &[(&str, &str)]) -> Self {
+        let database = ScratchDatabase::create(backend, "herald_c").await.unwrap_or_else(|error| panic!("{error}"));
+        let redis = Scratch::new().await;
+        let extra = extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let mut nodes = Self { nodes: Vec::new(), database: Some(database), redis, extra, down: BTreeSet::new() };
+        for _ in 0..count {
+            let node = nodes.options().start().await;
+            nodes.nodes.push(node);
+        }
+        nodes.wait_for_members(count).await;
+        nodes
+    }
+
+    /// The settings of every node of this cluster.
+    pub fn options(&self) -> Options {
+        let database = self.database.as_ref().expect("the database lives as long as the nodes");
+        let mut options = Herald::with()
+            .set("CLUSTER__REDIS_URL", &self.redis.url)
+            .set("CLUSTER__KEY_PREFIX", self.redis.keys.as_str())
+            .set("CLUSTER__PEER_LISTEN", "127.0.0.1:0")
+            .set("CLUSTER__LEASE_TTL_MS", LEASE_TTL_MS)
+            .set("STORAGE__URL", &database.url);
+        for (key, value) in &self.extra {
+            options = options.set(key, value);
+        }
+        options
+    }
+
+    /// `GET /admin/cluster` of node `at`.
+    pub async fn cluster_of(&self, at: usize) -> serde_json::Value {
+        let response = self.nodes[at].get("/admin/cluster", Some(DEV_KEY)).await;
+        assert_eq!(response.status, 200, "GET /admin/cluster: {response:?}");
+        response.json()
+    }
+
+    /// The node id of node `at`.
+    pub async fn node_id(&self, at: usize) -> u64 {
+        self.cluster_of(at).await["this_node"].as_u64().expect("this_node")
+    }
+
+    /// `kill -9` of node `at`.
+    pub fn kill9(&mut self, at: usize) {
+        self.nodes[at].kill9();
+        self.down.insert(at);
+    }
+
+    /// SIGSTOP of node `at`: it stops dead, holding its sockets, as a paused VM would.
+    pub fn pause(&mut self, at: usize) {
+        self.nodes[at].signal("STOP");
+        self.down.insert(at);
+    }
+
+    /// SIGCONT of a paused node `at`; it is still not asked anything (it may be on its way out).
+    pub fn resume(&mut self, at: usize) {
+        self.nodes[at].signal("CONT");
+    }
+
+    /// The nodes up (neither killed nor paused).
+    pub fn up(&self) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|at| !self.down.contains(at)).collect()
+    }
+
+    /// Waits until every node that is up sees `count` members on its ring.
+    pub async fn wait_for_members(&self, count: usize) {
+        self.wait_until(&format!("every node to see {count} members"), async || {
+            for at in self.up() {
+                let cluster = self.cluster_of(at).await;
+                if cluster["nodes"].as_array().map(Vec::len) != Some(count) {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+    }
+
+    /// Polls `done` every 50 ms until it holds, for at most [`WAIT`] (plus a lease TTL).
+    pub async fn wait_until(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
+        let deadline = Instant::now() + WAIT + Duration::from_millis(LEASE_TTL_MS);
+        while !done().await {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", self.log_tails());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The index of the node owning a send of `user` to `conversation`, as node `asked` sees it
+    /// (every node that is up is asked its id).
+    pub async fn owner_of(&self, asked: usize, user: &str, conversation: &str) -> usize {
+        let path = format!("/admin/route?user={user}&conversation={conversation}");
+        let response = self.nodes[asked].get(&path, Some(DEV_KEY)).await;
+        assert_eq!(response.status, 200, "GET {path}: {response:?}");
+        let owner = response.json()["owner"].as_u64().expect("an owner");
+        for at in self.up() {
+            if self.node_id(at).await == owner {
+                return at;
+            }
+        }
+        panic!("owner {owner} of {conversation} is none of the nodes")
+    }
+
+    /// The last log lines of every node.
+    pub fn log_tails(&self) -> String {
+        self.nodes.iter().enumerate().map(|(at, node)| format!("node {at}:\n{}\n", node.log_tail())).collect()
+    }
+
+    /// Stops every node and drops the database.
+    pub async fn stop(mut self) {
+        for node in &mut self.nodes {
+            node.kill9();
+        }
+        if let Some(database) = self.database.take() {
+            database.drop_database().await.expect("drop the test database");
+        }
+    }
+}
+
+/// What the history checker knows of one conversation: every message a sender heard OK
+/// for, and every `complete_through_seq` a reader was told.
+#[derive(Debug, Default)]
+pub struct History {
+    /// conversation → (message id → seq), from OK acks.
+    acked: BTreeMap<String, BTreeMap<u64, u64>>,
+}
+
+impl History {
+    /// Notes an ack; only OK acks (and duplicates, which name the original) promise anything.
+    pub fn record(&mut self, ack: &v1::SendAck) {
+        if matches!(ack.status(), v1::send_ack::Status::Ok | v1::send_ack::Status::Duplicate) {
+            let known = self.acked.entry(ack.conversation.clone()).or_default().insert(ack.message_id, ack.seq);
+            assert!(known.is_none_or(|seq| seq == ack.seq), "message {} acked with two seqs", ack.message_id);
+        }
+    }
+
+    /// How many OK acks were recorded.
+    pub fn acked(&self) -> usize {
+        self.acked.values().map(BTreeMap::len).sum()
+    }
+
+    /// Checks a conversation's stored history, as a reader pulled it in full: every OK-acked
+    /// message appears exactly once with the seq its ack named, and seqs strictly increase.
+    pub fn check(&self, conversation: &str, stored: &[v1::Message]) {
+        let mut seen = BTreeSet::new();
+        let mut last = 0;
+        for message in stored {
+            assert!(message.seq > last, "{conversation}: seq {} after {last}: not strictly increasing", message.seq);
+            last = message.seq;
+            assert!(seen.insert(message.id), "{conversation}: message {} stored twice", message.id);
+        }
+        let by_id: BTreeMap<u64, u64> = stored.iter().map(|m| (m.id, m.seq)).collect();
+        for (id, seq) in self.acked.get(conversation).into_iter().flatten() {
+            match by_id.get(id) {
+                Some(stored_seq) => {
+                    assert_eq!(
+                        stored_seq, seq,
+                        "{conversation}: message {id} acked with seq {seq}, stored at {stored_seq}"
+                    );
+                }
+                None => panic!("{conversation}: message {id} (seq {seq}) was acked OK but is not stored"),
+            }
+        }
+    }
+}
+
+/// Pulls a conversation's whole history through `reader` and checks it; returns it.
+pub async fn check_history(history: &History, reader: &mut Client, conversation: &str) -> Vec<v1::Message> {
+    let stored = reader.whole_history(conversation).await;
+    history.check(conversation, &stored);
+    stored
+}
