@@ -115,6 +115,13 @@ async fn three_nodes_carry_dm_group_and_room_traffic_on_mariadb() {
 async fn the_same_device_connecting_to_another_node_kicks_the_first_connection() {
     let nodes = Nodes::start(2, Backend::Postgres).await;
     let mut first = Client::connect(&nodes.nodes[0], "pat", "phone").await;
+    // `connected` comes before the route is written: two logins in the same instant are
+    // ordered by the route table, and either may be the one kicked. Here the first is in.
+    nodes
+        .wait_until("the first connection's route to be seen from node 1", async || {
+            nodes.nodes[1].get("/v1/users/pat/presence", Some(DEV_KEY)).await.json()["online"] == true
+        })
+        .await;
     let mut second = Client::connect(&nodes.nodes[1], "pat", "phone").await;
     first.expect_close_code(4009, "the same device connected to another node").await;
     // The new connection is the device's route: a message reaches it there.
