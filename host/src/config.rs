@@ -94,7 +94,7 @@ impl Default for ClusterConfig {
             lease_ttl_ms: 3_000,
             virtual_nodes: 160,
             key_prefix: "herald:".to_owned(),
-            route_cache_ms: 2_000,
+            route_cache_ms: 3_000,
         }
     }
 }

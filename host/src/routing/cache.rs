@@ -2,7 +2,7 @@
 //!
 //! Fan-out asks where every member's devices are for every message; with Redis behind the
 //! route table that is one round trip per message. [`CachedRoutes`] keeps each user's
-//! routes for a short time (`ttl`, 2 s by default) so a busy conversation costs one lookup
+//! routes for a short time (`cluster.route_cache_ms`, 3 s by default) so a busy conversation costs one lookup
 //! per user per `ttl` instead.
 //!
 //! A cached answer must never hide a device that connected: a message stored after a
