@@ -95,11 +95,11 @@ impl KeyPrefix {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The part of a key Redis Cluster hashes: the text inside the first `{…}`.
-    fn hash_tag(key: &str) -> &str {
+    pub(crate) fn hash_tag(key: &str) -> &str {
         let open = key.find('{').expect("a tag");
         let close = key[open..].find('}').expect("a closed tag") + open;
         &key[open + 1..close]

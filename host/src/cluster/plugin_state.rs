@@ -338,14 +338,8 @@ fn ttl_ms(ttl: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::keys::tests::hash_tag;
     use proptest::prelude::*;
-
-    /// The part of a key Redis Cluster hashes: the text inside the first `{…}`.
-    fn hash_tag(key: &str) -> &str {
-        let open = key.find('{').expect("a tag");
-        let close = key[open..].find('}').expect("a closed tag") + open;
-        &key[open + 1..close]
-    }
 
     #[test]
     fn keys_follow_the_layout_and_escape_what_could_break_it() {

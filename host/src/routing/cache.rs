@@ -187,17 +187,8 @@ impl RouteTable for CachedRoutes {
 mod tests {
     use super::*;
     use crate::routing::MemoryRouteTable;
+    use crate::routing::tests::route;
     use std::sync::Mutex;
-
-    fn route(user: &str, device: &str, node: u32, connection: u64) -> Route {
-        Route {
-            user: UserId::parse(user).expect("valid"),
-            device: DeviceId::parse(device).expect("valid"),
-            node: NodeId(node),
-            connection: ConnectionId(connection),
-            connected_at_ms: 1,
-        }
-    }
 
     fn user(name: &str) -> UserId {
         UserId::parse(name).expect("valid")

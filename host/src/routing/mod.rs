@@ -116,10 +116,11 @@ impl RouteTable for MemoryRouteTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn route(user: &str, device: &str, node: u32, connection: u64) -> Route {
+    /// A route for tests of the routing seams.
+    pub(crate) fn route(user: &str, device: &str, node: u32, connection: u64) -> Route {
         Route {
             user: UserId::parse(user).expect("valid"),
             device: DeviceId::parse(device).expect("valid"),
