@@ -15,6 +15,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::MAX_NODE_ID;
 
+mod cluster;
+
+pub use cluster::{ClusterConfig, DEV_CLUSTER_SECRET};
+
 /// A configuration that cannot be used, with what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -55,78 +59,6 @@ pub struct Config {
     pub plugin_runtime: herald_plugin_runtime::PluginHostConfig,
     /// Cluster mode: on when `redis_url` is set.
     pub cluster: ClusterConfig,
-}
-
-/// `[cluster]`: many nodes sharing Redis and one MySQL/MariaDB or PostgreSQL database.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ClusterConfig {
-    /// `redis://host:port/db` turns cluster mode on (unset: embedded mode).
-    pub redis_url: Option<String>,
-    /// Where this node accepts node-to-node links.
-    pub peer_listen: SocketAddr,
-    /// What this node tells the others to connect to; unset: `peer_listen`.
-    pub advertise: Option<SocketAddr>,
-    /// Shared by every node; authenticates node-to-node links. Required outside dev mode.
-    pub secret: Option<String>,
-    /// How long a node's lease lives without a renew: the longest a dead node's
-    /// conversations wait for a new owner.
-    pub lease_ttl_ms: u64,
-    /// Points per node on the ring; every node of a cluster must use the same count.
-    pub virtual_nodes: u32,
-    /// Prefix of every Redis key, so several deployments can share one Redis.
-    pub key_prefix: String,
-    /// How long a node keeps a user's routes read from Redis (a login anywhere drops
-    /// them at once, everywhere). 0 turns the cache off.
-    pub route_cache_ms: u64,
-}
-
-/// The secret dev mode uses when none is set (dev mode listens on loopback only).
-pub const DEV_CLUSTER_SECRET: &str = "herald-dev-cluster-secret";
-
-impl Default for ClusterConfig {
-    fn default() -> Self {
-        Self {
-            redis_url: None,
-            peer_listen: SocketAddr::from(([127, 0, 0, 1], 7071)),
-            advertise: None,
-            secret: None,
-            lease_ttl_ms: 3_000,
-            virtual_nodes: 160,
-            key_prefix: "herald:".to_owned(),
-            route_cache_ms: 3_000,
-        }
-    }
-}
-
-impl ClusterConfig {
-    /// Whether cluster mode is on.
-    pub fn enabled(&self) -> bool {
-        self.redis_url.as_deref().is_some_and(|url| !url.is_empty())
-    }
-
-    /// What the others connect to.
-    pub fn advertise(&self) -> SocketAddr {
-        self.advertise.unwrap_or(self.peer_listen)
-    }
-
-    /// The secret links are authenticated with: the configured one, or dev mode's.
-    pub fn secret(&self, dev: bool) -> Option<&str> {
-        match self.secret.as_deref().filter(|secret| !secret.is_empty()) {
-            Some(secret) => Some(secret),
-            None => dev.then_some(DEV_CLUSTER_SECRET),
-        }
-    }
-
-    /// How long routes are cached.
-    pub fn route_cache_ttl(&self) -> Duration {
-        Duration::from_millis(self.route_cache_ms)
-    }
-
-    /// The lease TTL.
-    pub fn lease_ttl(&self) -> Duration {
-        Duration::from_millis(self.lease_ttl_ms)
-    }
 }
 
 /// `[gateway]`: WebSocket connections.
@@ -466,6 +398,13 @@ impl Config {
                 cluster.lease_ttl_ms
             )));
         }
+        if !(1..=1000).contains(&cluster.breaker_failures) || !(100..=600_000).contains(&cluster.breaker_open_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "cluster.breaker_failures {} must be 1..=1000 and cluster.breaker_open_ms {} 100..=600000 (the \
+                 defaults, 10 and 5000: ten failures in a row open a breaker for 5 s)",
+                cluster.breaker_failures, cluster.breaker_open_ms
+            )));
+        }
         if !(1..=1000).contains(&cluster.virtual_nodes) {
             return Err(ConfigError::Invalid(format!(
                 "cluster.virtual_nodes {} must be 1..=1000",
@@ -694,6 +633,17 @@ mod tests {
         let error = Config::load_from(None, env(&[redis, postgres, ("HERALD_CLUSTER__LEASE_TTL_MS", "100")]), &dev)
             .expect_err("a lease too short to renew");
         assert!(error.to_string().contains("cluster.lease_ttl_ms 100"), "{error}");
+        let error = Config::load_from(None, env(&[redis, postgres, ("HERALD_CLUSTER__BREAKER_FAILURES", "0")]), &dev)
+            .expect_err("a breaker that opens before any failure");
+        assert!(error.to_string().contains("cluster.breaker_failures 0"), "{error}");
+        let vars = env(&[
+            redis,
+            postgres,
+            ("HERALD_CLUSTER__BREAKER_FAILURES", "3"),
+            ("HERALD_CLUSTER__BREAKER_OPEN_MS", "250"),
+        ]);
+        let breaker = Config::load_from(None, vars, &dev).expect("a breaker setting").cluster.breaker();
+        assert_eq!((breaker.failures, breaker.open_for), (3, Duration::from_millis(250)));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod breaker;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -10,6 +10,7 @@ mod cluster;
 mod peers;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use crate::delivery::sessions::Sessions;
 use crate::delivery::{Delivery, DeliveryStores, Reach};
 use crate::gateway::Gateway;
 use crate::gateway::auth::Authenticator;
+use crate::gateway::redirect::Redirects;
 use crate::health::{Sampler, Tier, Vitals};
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
 use crate::membership::Membership;
@@ -200,12 +202,29 @@ impl Node {
         });
     }
 
+    /// The gateway accepts connections at `listening`: in cluster mode, the URL clients
+    /// reach this node at (`cluster.client_url`, or built from `listening`) is published,
+    /// so that draining nodes can send their clients here. Does nothing in embedded mode.
+    pub async fn serve_clients_at(&self, listening: SocketAddr) {
+        if let Some(cluster) = &self.cluster {
+            cluster.serve_clients_at(self.config.cluster.client_url.as_deref(), listening).await;
+        }
+    }
+
     /// Starts draining: `/readyz` answers 503, every connection (and any that finishes its
     /// handshake from now on) gets `go_away` and is closed with 1012; then writes pending
     /// cursors and stops the background loops. Queued inserts are flushed by the caller,
-    /// after the listener stopped.
+    /// after the listener stopped. In cluster mode each `go_away` names another live node
+    /// to reconnect to (picked by user, so a user's devices stay together), when the
+    /// others' client URLs can be read in time; this runs before the lease is given up.
     pub async fn shut_down(&self) {
-        self.gateway.drain().await;
+        let redirects = async {
+            match &self.cluster {
+                Some(cluster) => Redirects::new(cluster.redirect_targets().await),
+                None => Redirects::none(),
+            }
+        };
+        self.gateway.drain(redirects).await;
         self.stop.send_replace(true);
         self.delivery.flush_cursors().await;
     }
@@ -224,6 +243,12 @@ impl Node {
     /// the conversations it owns (for `/readyz`). Always true in embedded mode.
     pub fn holds_lease(&self) -> bool {
         self.cluster.as_ref().is_none_or(|cluster| cluster.holds_lease())
+    }
+
+    /// Cluster mode: whether Redis answers as far as this node knows (its breaker is not
+    /// open), for `/readyz`. Always true in embedded mode.
+    pub fn redis_available(&self) -> bool {
+        self.cluster.as_ref().is_none_or(|cluster| cluster.redis_available())
     }
 
     /// Resolves when this node cannot go on and must stop: in cluster mode, once its lease

@@ -60,6 +60,8 @@ pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
             .await
     });
     tracing::info!(%addr, dev = config.dev, "herald is serving");
+    // Only now that connections are accepted may other nodes send clients here.
+    node.serve_clients_at(addr).await;
     Ok(RunningServer { addr, stop, task, node })
 }
 

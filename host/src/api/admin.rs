@@ -76,7 +76,8 @@ pub async fn route(
 }
 
 /// `GET /admin/cluster`: this node, the nodes on the ring and how they share it; in
-/// cluster mode also the live members with their addresses and this node's lease. Embedded
+/// cluster mode also the live members with their addresses, this node's lease and its
+/// circuit breakers (on Redis, and on each peer it called). Embedded
 /// mode is one node owning every key.
 pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
@@ -95,6 +96,7 @@ pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Resul
                 "nodes": nodes,
                 "members": members.collect::<Vec<_>>(),
                 "lease": { "held": status.holds_lease, "advertise": status.advertise, "peer_listen": status.peer_listen },
+                "breakers": status.breakers,
             })
         }
     }))

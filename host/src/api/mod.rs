@@ -117,7 +117,8 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Readiness: not draining, and the database answers.
+/// Readiness: not draining, the lease held and Redis reachable (cluster mode), and the
+/// database answers.
 async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>, ApiError> {
     if node.is_draining() {
         Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "draining", "the server is shutting down"))
@@ -126,6 +127,13 @@ async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>
             StatusCode::SERVICE_UNAVAILABLE,
             "fenced",
             "this node's cluster lease may have lapsed (Redis unreachable?); it does not act for its conversations",
+        ))
+    } else if !node.redis_available() {
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "redis_unavailable",
+            "this node cannot reach Redis (its circuit breaker is open): it serves its open connections from what it \
+             knows, while routes, dedup marks and plugin state wait for Redis",
         ))
     } else if node.storage_ready().await {
         Ok(Json(json!({ "status": "ready" })))

@@ -16,9 +16,19 @@
 //!   and lookups of many users are separate commands, never one pipeline.
 //!
 //! Cloning it is cheap and shares the connection(s). Either way, the client reconnects
-//! after I/O errors only, not after calls that ran out of time: a connection that silently
-//! stopped answering is left to the circuit breaker cluster mode still needs (N consecutive
-//! timeouts → open, then a fresh connection).
+//! after I/O errors by itself.
+//!
+//! # Circuit breaker
+//!
+//! The seams' connection carries a [`Breaker`] (`cluster.breaker_failures` failed or
+//! timed-out calls in a row open it for `cluster.breaker_open_ms`): while it is open, every
+//! call fails at once with [`RedisFailure::Unavailable`] instead of waiting out its
+//! deadline, so a Redis that stopped answering costs a send nothing but the seam's
+//! fallback (a route lookup counts the device as offline — it syncs; a dedup mark lets the
+//! send through to the unique index). An error Redis answered with (a script error, a
+//! wrong type) is an answer and does not count. The membership's lease calls use
+//! [`unguarded`](RedisConnection::unguarded), which skips the breaker: see
+//! [`crate::breaker`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -29,6 +39,7 @@ use redis::cluster::{ClusterClientBuilder, NodeAddress};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
 
+use crate::breaker::Breaker;
 use crate::routing::RouteError;
 
 /// The scheme that names a Redis Cluster rather than one server.
@@ -47,6 +58,24 @@ pub enum RedisFailure {
         #[source]
         source: RedisError,
     },
+    #[error("Redis was not asked for {what}: its circuit breaker is open after repeated failures")]
+    Unavailable { what: &'static str },
+}
+
+impl RedisFailure {
+    /// Whether this says Redis is unwell (no answer in time, the connection failed or the
+    /// breaker is open) rather than that it answered with an error.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::Connect { .. } | Self::Timeout { .. } | Self::Unavailable { .. } => true,
+            Self::Command { source, .. } => unreachable_error(source),
+        }
+    }
+}
+
+/// Whether `error` means Redis could not be reached or stopped answering.
+fn unreachable_error(error: &RedisError) -> bool {
+    error.is_io_error() || error.is_timeout() || error.is_connection_dropped() || error.is_connection_refusal()
 }
 
 impl From<RedisFailure> for RouteError {
@@ -61,6 +90,8 @@ impl From<RedisFailure> for RouteError {
 pub struct RedisConnection {
     /// Multiplexed and reconnecting; each clone shares the same socket(s).
     handle: Handle,
+    /// Refuses calls at once while Redis keeps failing; `None`: every call is tried.
+    breaker: Option<Breaker>,
 }
 
 /// The connection behind a [`RedisConnection`]; run commands on it (`query_async`,
@@ -108,7 +139,26 @@ impl RedisConnection {
             ),
             None => Handle::Single(connect_single(url, connect_timeout).await.map_err(failed)?),
         };
-        Ok(Self { handle })
+        Ok(Self { handle, breaker: None })
+    }
+
+    /// This connection with `breaker` guarding every call made through it.
+    #[must_use]
+    pub fn with_breaker(mut self, breaker: Breaker) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// The same connection with no breaker: every call is tried, whatever the others see.
+    /// For the membership lease alone, which must be renewed whenever Redis answers.
+    #[must_use]
+    pub fn unguarded(&self) -> Self {
+        Self { handle: self.handle.clone(), breaker: None }
+    }
+
+    /// The breaker guarding this connection, if any.
+    pub fn breaker(&self) -> Option<&Breaker> {
+        self.breaker.as_ref()
     }
 
     /// Runs one command, at most `limit` long.
@@ -119,7 +169,7 @@ impl RedisConnection {
         command: &Cmd,
     ) -> Result<T, RedisFailure> {
         let mut connection = self.handle();
-        within(what, limit, command.query_async(&mut connection)).await
+        self.guarded(what, limit, command.query_async(&mut connection)).await
     }
 
     /// Runs one script (loading it first if Redis does not know it), at most `limit` long.
@@ -130,11 +180,31 @@ impl RedisConnection {
         script: &ScriptInvocation<'_>,
     ) -> Result<T, RedisFailure> {
         let mut connection = self.handle();
-        within(what, limit, script.invoke_async(&mut connection)).await
+        self.guarded(what, limit, script.invoke_async(&mut connection)).await
+    }
+
+    /// Awaits `call` (made on a [`handle`](Self::handle)) for at most `limit`, through the
+    /// breaker: refused at once while it is open, and reported to it after.
+    pub(crate) async fn guarded<T>(
+        &self,
+        what: &'static str,
+        limit: Duration,
+        call: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, RedisFailure> {
+        let Some(breaker) = &self.breaker else { return within(what, limit, call).await };
+        if !breaker.permits() {
+            return Err(RedisFailure::Unavailable { what });
+        }
+        let outcome = within(what, limit, call).await;
+        match &outcome {
+            Err(failure) if failure.is_unavailable() => breaker.failure(),
+            _ => breaker.success(),
+        }
+        outcome
     }
 
     /// A handle on the shared connection, for composing several concurrent calls under one
-    /// deadline with [`within`].
+    /// deadline with [`guarded`](Self::guarded).
     pub(crate) fn handle(&self) -> Handle {
         self.handle.clone()
     }

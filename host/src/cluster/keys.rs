@@ -92,6 +92,13 @@ impl KeyPrefix {
     pub(crate) fn cluster_generation(&self) -> String {
         format!("{}node:{{cluster}}:generation", self.0)
     }
+
+    /// `node:{cluster}:clients`: a hash of node id → the URL clients reach that node at, read
+    /// by a draining node to tell its clients where to go. Tagged like the membership keys,
+    /// whose node ids it follows.
+    pub(crate) fn node_clients(&self) -> String {
+        format!("{}node:{{cluster}}:clients", self.0)
+    }
 }
 
 #[cfg(test)]
@@ -123,7 +130,13 @@ pub(crate) mod tests {
     #[test]
     fn membership_keys_share_one_slot() {
         let keys = KeyPrefix::default();
-        let all = [keys.node_leases(), keys.node_holders(), keys.cluster_epoch(), keys.cluster_generation()];
+        let all = [
+            keys.node_leases(),
+            keys.node_holders(),
+            keys.cluster_epoch(),
+            keys.cluster_generation(),
+            keys.node_clients(),
+        ];
         assert_eq!(all[0], "herald:node:{cluster}:leases");
         assert!(all.iter().all(|key| hash_tag(key) == "cluster"), "{all:?}");
     }

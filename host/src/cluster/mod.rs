@@ -38,6 +38,7 @@
 //! | `node:{cluster}:holders` | hash | node id → `<advertise>\|<instance token>` | none: removed with the lease |
 //! | `node:{cluster}:epoch` | string | the counter every membership change increments | none |
 //! | `node:{cluster}:generation` | string | a random name of Redis's data set, to tell a forgotten lease from a lapsed one | none |
+//! | `node:{cluster}:clients` | hash | node id → the URL clients reach it at, which a draining node's `go_away` names ([`client_urls`]) | none: removed when the node drains and when it leaves; readers skip nodes without a live lease |
 //!
 //! Names are `[A-Za-z0-9._@-]` (model.rs), so a name never contains `{`, `}`, `|` or `:`
 //! and cannot break a hash tag or a field encoding. Plugin names and the keys plugins choose
@@ -53,6 +54,7 @@
 //! which cannot fail, lets the send through instead and leaves duplicates to the unique index
 //! in storage (see [`redis_dedup`]).
 
+pub mod client_urls;
 pub mod connection;
 pub mod keys;
 pub mod membership;
@@ -64,6 +66,7 @@ pub mod redis_routes;
 
 use std::time::Duration;
 
+pub use client_urls::ClientUrls;
 pub use connection::{RedisConnection, RedisFailure};
 pub use keys::{InvalidPrefix, KeyPrefix};
 pub use plugin_state::{RedisPluginKv, RedisRateLimiter};

@@ -19,13 +19,12 @@
 //!   route does not exist, which [`drop_node`] skips; the other order could leave a route no
 //!   clean-up would ever find.
 //!
-//! Not here yet: the presence TTL refreshed by heartbeats (a per-connection `route:conn` and
-//! `presence:uid` keys; a per-field TTL needs Redis 7.4's `HEXPIRE`, so the likelier design
-//! is this node's lease plus [`drop_node`] by the survivors, with the gateway's own
-//! heartbeat closing half-open connections), and the short-lived local cache in front of
-//! [`RouteTable::devices_of`], dropped when a delivery finds a route stale. Both belong
-//! beside this type (the cache as a wrapper implementing [`RouteTable`] over any table),
-//! chosen in `node.rs`.
+//! No `route:conn` or `presence` keys with a TTL (seed `002_…`): a half-open connection is
+//! closed by the gateway's heartbeat (its logout removes the route), a dead node's routes
+//! are removed by the survivors through its `route:gw` set once its lease lapsed, and a
+//! route left behind all the same is removed by the first delivery that finds it
+//! ([`RouteTable::forget_stale`]); docs/ARCHITECTURE.md §5 says why. The local cache in
+//! front of this table is [`CachedRoutes`](crate::routing::cache::CachedRoutes).
 //!
 //! [`drop_node`]: RedisRouteTable::drop_node
 
@@ -36,7 +35,7 @@ use async_trait::async_trait;
 use futures_util::future::try_join_all;
 use redis::Script;
 
-use super::connection::{RedisConnection, within};
+use super::connection::RedisConnection;
 use super::{KeyPrefix, RedisTimeouts};
 use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
 use crate::routing::{Route, RouteError, RouteTable};
@@ -131,7 +130,7 @@ impl RedisRouteTable {
             let mut handle = self.redis.handle();
             Some(async move { logout.invoke_async::<u8>(&mut handle).await })
         });
-        let dropped = within("route clean-up", self.timeouts.write, try_join_all(deletions)).await?;
+        let dropped = self.redis.guarded("route clean-up", self.timeouts.write, try_join_all(deletions)).await?;
         Ok(dropped.into_iter().filter(|&removed| removed == 1).count())
     }
 }
@@ -190,7 +189,7 @@ impl RouteTable for RedisRouteTable {
             let mut handle = self.redis.handle();
             async move { lookup.query_async::<HashMap<String, String>>(&mut handle).await }
         });
-        let found = within("route lookup", self.timeouts.lookup, try_join_all(lookups)).await?;
+        let found = self.redis.guarded("route lookup", self.timeouts.lookup, try_join_all(lookups)).await?;
         Ok(users
             .iter()
             .zip(found)

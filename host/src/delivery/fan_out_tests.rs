@@ -250,3 +250,33 @@ async fn a_delivery_from_another_node_reaches_only_the_named_users_devices_here(
     }
     assert!(carol_phone.frames().is_empty(), "carol was not named");
 }
+
+#[tokio::test]
+async fn a_route_of_this_node_whose_connection_is_gone_is_removed_when_a_delivery_finds_it() {
+    let kit = Kit::new().await;
+    let (_, bob_phone) = kit.connect("bob", "phone").await;
+    // Left behind by a logout that failed (Redis down) or read from another node's cache.
+    let gone = Route {
+        user: user_id("bob"),
+        device: device_id("tablet"),
+        node: THIS_NODE,
+        connection: kit.connection_id(),
+        connected_at_ms: 0,
+    };
+    kit.routes.login(gone.clone()).await.expect("log in");
+
+    kit.delivery.deliver_here(&message("grp:team", 7, "alice", "phone"), &[user_id("bob")]).await;
+
+    assert_eq!(bob_phone.delivered_seqs(), vec![("grp:team".to_owned(), 7)], "the live device still gets it");
+    let devices = || async {
+        let found = kit.routes.devices_of(&[user_id("bob")]).await.expect("lookup");
+        found[&user_id("bob")].iter().map(|route| route.device.to_string()).collect::<Vec<_>>()
+    };
+    for _ in 0..500 {
+        if devices().await == ["phone"] {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the stale route was never removed: {:?}", devices().await);
+}

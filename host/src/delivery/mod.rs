@@ -177,6 +177,19 @@ impl Delivery {
         }
     }
 
+    /// Removes a route found stale, if it still names that connection, and drops every
+    /// cached copy of its user's routes (seed `002_…`: a failed delivery ends the window of
+    /// a stale cache at once instead of at its TTL). In the background: the delivery goes on.
+    fn forget_stale(&self, route: Route) {
+        metrics::counter!("herald_route_stale_total").increment(1);
+        let routes = Arc::clone(&self.reach.routes);
+        tokio::spawn(async move {
+            if let Err(error) = routes.forget_stale(&route).await {
+                tracing::debug!(%error, "a stale route could not be removed");
+            }
+        });
+    }
+
     /// The wire form of `message`, built once for all its recipients; `None` in the
     /// pull-only tier, where they get a `sync_hint` instead.
     fn wire_for(&self, message: &Message) -> Option<v1::Message> {
@@ -188,11 +201,17 @@ impl Delivery {
     /// which note it as owed for their return.
     fn push_here(self: &Arc<Self>, message: &Message, wire: Option<&v1::Message>, user: &UserId, routes: &[Route]) {
         let sessions = &self.reach.sessions;
-        let connected = routes
-            .iter()
-            .filter(|route| route.node == self.reach.this_node)
-            .filter_map(|route| sessions.get(route.connection));
-        for session in connected.chain(sessions.parked_of(user)) {
+        let mut connected = Vec::with_capacity(routes.len());
+        for route in routes.iter().filter(|route| route.node == self.reach.this_node) {
+            match sessions.get(route.connection) {
+                Some(session) => connected.push(session),
+                // A session is in place before its route is written and removed only after
+                // its route was, so a route of this node without one names a connection
+                // that is gone: read from a cache, or left behind by a failed logout.
+                None => self.forget_stale(route.clone()),
+            }
+        }
+        for session in connected.into_iter().chain(sessions.parked_of(user)) {
             if message.is_from(&session.user, &session.device) {
                 continue;
             }

@@ -121,11 +121,15 @@ impl Connection {
     /// Tells the client the server is going away, then closes with 1012: the writer sends
     /// `go_away` (after nothing else: frames still queued are dropped, the client pulls them
     /// again after reconnecting) and the close frame. The client is told to wait a random
-    /// 0..=`spread_ms` before reconnecting, so a node's clients do not all return at once.
-    pub fn go_away(&self, reason: &str, spread_ms: u32) {
-        let reconnect_after_ms = rand::random_range(0..=spread_ms);
-        *self.farewell.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(Frame::new(0, v1::GoAway { reason: reason.to_owned(), reconnect_after_ms }));
+    /// 0..=`spread_ms` before reconnecting, so a node's clients do not all return at once,
+    /// and where to reconnect: `reconnect_url`, or (`None`) the same address.
+    pub fn go_away(&self, reason: &str, spread_ms: u32, reconnect_url: Option<String>) {
+        let go_away = v1::GoAway {
+            reason: reason.to_owned(),
+            reconnect_after_ms: rand::random_range(0..=spread_ms),
+            reconnect_url: reconnect_url.unwrap_or_default(),
+        };
+        *self.farewell.lock().unwrap_or_else(|p| p.into_inner()) = Some(Frame::new(0, go_away));
         self.close(CloseReason::new(close::SERVICE_RESTART, reason));
     }
 
@@ -212,12 +216,18 @@ impl Connections {
         self.by_id.iter().map(|connection| connection.queue_depth()).collect()
     }
 
-    /// Sends every connection `go_away` (see [`Connection::go_away`]) and closes it (server
-    /// shutdown). Returns the connections sent away.
-    pub fn go_away_all(&self, reason: &str, spread_ms: u32) -> Vec<Arc<Connection>> {
+    /// Sends every connection `go_away` (see [`Connection::go_away`]), naming the URL
+    /// `reconnect_url` gives for its id, and closes it (server shutdown). Returns the
+    /// connections sent away.
+    pub fn go_away_all(
+        &self,
+        reason: &str,
+        spread_ms: u32,
+        reconnect_url: impl Fn(ConnectionId) -> Option<String>,
+    ) -> Vec<Arc<Connection>> {
         let all: Vec<Arc<Connection>> = self.by_id.iter().map(|connection| Arc::clone(&connection)).collect();
         for connection in &all {
-            connection.go_away(reason, spread_ms);
+            connection.go_away(reason, spread_ms, reconnect_url(connection.id));
         }
         all
     }

@@ -13,17 +13,22 @@
 //! A dropped connection's session is parked for `reconnect_grace_ms`; its device, back
 //! within that time (or reconnecting before the old connection was noticed dead, which
 //! kicks it), resumes from it: see [`session`](crate::delivery::session).
+//!
+//! At shutdown every connection gets `go_away`, naming where to reconnect when the node
+//! was given somewhere ([`redirect`]); the gateway knows URLs only, never clusters.
 
 pub mod auth;
 pub mod connection;
 mod dispatch;
+pub mod redirect;
 mod writer;
 
 /// The `go_away` reason (and close reason) when the node shuts down.
 pub const DRAINING: &str = "server shutting down; reconnect";
 
-use std::sync::Arc;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -48,6 +53,7 @@ use crate::routing::Route;
 use auth::Authenticator;
 use connection::{CloseReason, Connection, Connections, close};
 use dispatch::{next_frame, read_loop};
+use redirect::Redirects;
 use writer::{close_now, write_loop};
 
 /// `GET /v1/ws`: upgrades and hands the socket to [`serve_socket`].
@@ -77,6 +83,8 @@ pub struct Gateway {
     next_connection: AtomicU64,
     /// Shutdown has begun: connections are sent away as soon as they are made.
     draining: AtomicBool,
+    /// Where the connections are sent at shutdown; set once, by [`drain`](Self::drain).
+    redirects: OnceLock<Redirects>,
 }
 
 impl Gateway {
@@ -103,6 +111,7 @@ impl Gateway {
             next_connection: AtomicU64::new(clock.now_ms() << 20 | 1),
             clock,
             draining: AtomicBool::new(false),
+            redirects: OnceLock::new(),
         }
     }
 
@@ -130,14 +139,28 @@ impl Gateway {
 
     /// Sends every connection (and any that finishes its handshake from now on) `go_away`,
     /// then closes it with 1012; waits up to 2 s for the writers to put that on the wire.
-    pub async fn drain(&self) {
+    /// Each `go_away` names the URL `redirects` picks for the connection's user. The node is
+    /// marked draining (`/readyz` answers 503) before `redirects` is awaited, so finding the
+    /// other nodes never delays that; a connection completing its handshake meanwhile is
+    /// sent to the same address.
+    pub async fn drain(&self, redirects: impl Future<Output = Redirects>) {
         self.draining.store(true, Ordering::SeqCst);
-        let sent_away = self.connections.go_away_all(DRAINING, self.config.go_away_spread_ms);
+        // A second drain finds the first one's redirects in place and keeps them.
+        let _ = self.redirects.set(redirects.await);
+        let sessions = self.delivery.sessions();
+        let reconnect_url = |id| sessions.get(id).and_then(|session| self.reconnect_url(&session.user));
+        let sent_away = self.connections.go_away_all(DRAINING, self.config.go_away_spread_ms, reconnect_url);
         // A client that stopped reading does not hold shutdown up for long.
         let written = futures_util::future::join_all(sent_away.iter().map(|c| c.writer_finished()));
         if tokio::time::timeout(Duration::from_secs(2), written).await.is_err() {
             tracing::warn!("some connections did not take their go_away within 2 s");
         }
+    }
+
+    /// Where `user`'s connections go at shutdown: `None` before the drain, and when there
+    /// is nowhere else to send them.
+    fn reconnect_url(&self, user: &UserId) -> Option<String> {
+        self.redirects.get().and_then(|redirects| redirects.pick(user)).map(str::to_owned)
     }
 }
 
@@ -248,7 +271,7 @@ async fn attach(
     gateway.delivery.sessions().insert(Arc::clone(session));
     if gateway.is_draining() {
         // Shutdown began after this connection was accepted: it gets what the others got.
-        connection.go_away(DRAINING, gateway.config.go_away_spread_ms);
+        connection.go_away(DRAINING, gateway.config.go_away_spread_ms, gateway.reconnect_url(&session.user));
     }
     let heartbeat = Duration::from_millis(gateway.config.heartbeat_ms);
     tokio::spawn(write_loop(sink, queued, Arc::clone(connection), heartbeat, encoding, Arc::clone(&gateway.clock)));

@@ -18,12 +18,14 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{NodeError, Seams};
+use crate::breaker::{Breaker, BreakerState, BreakerStatus};
 use crate::clock::{SystemClock, WallClock};
+use crate::cluster::client_urls::{check_client_url, client_url};
 use crate::cluster::membership::{MembershipSettings, RedisMembership};
 use crate::cluster::peer::{PeerBus, PeerHandler, PeerSecret, PeerServer, PeerTimeouts};
 use crate::cluster::{
-    KeyPrefix, MarkLifetimes, RedisConnection, RedisDedup, RedisPluginKv, RedisRateLimiter, RedisRoomDirectory,
-    RedisRouteTable, RedisTimeouts,
+    ClientUrls, KeyPrefix, MarkLifetimes, RedisConnection, RedisDedup, RedisPluginKv, RedisRateLimiter,
+    RedisRoomDirectory, RedisRouteTable, RedisTimeouts,
 };
 use crate::config::Config;
 use crate::delivery::sessions::Sessions;
@@ -39,6 +41,14 @@ use herald_plugin_runtime::KvLimits;
 
 /// Most users whose routes are cached (a few hundred bytes each).
 const ROUTE_CACHE_USERS: u64 = 1_000_000;
+/// How many times the routes and rooms Redis lost are written again before giving up (the
+/// devices concerned still sync, and their next login writes their route).
+const REASSERT_ATTEMPTS: u32 = 30;
+/// The pause between those attempts.
+const REASSERT_RETRY: Duration = Duration::from_secs(1);
+/// How often the routes and rooms of this node are written again even when no data loss
+/// was seen (only the missing ones are: `HSETNX`, `SADD`).
+const REASSERT_EVERY: Duration = Duration::from_secs(30);
 
 /// This node's part in a cluster: its lease, the shared Redis seams and its peer links.
 pub struct Cluster {
@@ -59,6 +69,11 @@ pub struct Cluster {
     listener: Mutex<Option<TcpListener>>,
     /// Where the listener is bound.
     pub peer_listen: SocketAddr,
+    /// Where the other nodes find the URL clients reach each node at.
+    client_urls: ClientUrls,
+    /// The URL this node published for its clients: from the time it accepts connections
+    /// until it starts draining (written again after Redis lost its data).
+    published_url: Mutex<Option<String>>,
 }
 
 /// What this node holds that Redis must know: its connections and room subscriptions.
@@ -78,6 +93,8 @@ pub struct ClusterStatus {
     pub holds_lease: bool,
     /// The live members and the addresses they advertise.
     pub members: Vec<(NodeId, SocketAddr)>,
+    /// The breaker on Redis, then one per peer called so far.
+    pub breakers: Vec<BreakerStatus>,
 }
 
 impl Cluster {
@@ -85,7 +102,7 @@ impl Cluster {
     ///
     /// # Errors
     /// [`NodeError::Config`] naming what failed: Redis unreachable, the peer address taken,
-    /// a pinned node id held by a live node, an unusable secret.
+    /// a pinned node id held by a live node, an unusable secret or client URL.
     pub async fn join(config: &Config) -> Result<Self, NodeError> {
         let settings = &config.cluster;
         let refuse = |what: String| NodeError::Config(what);
@@ -96,6 +113,9 @@ impl Cluster {
             .and_then(|secret| PeerSecret::new(secret).map_err(|error| refuse(error.to_string())))?;
         let keys =
             KeyPrefix::new(&settings.key_prefix).map_err(|error| refuse(format!("cluster.key_prefix: {error}")))?;
+        if let Some(url) = settings.client_url.as_deref() {
+            check_client_url(url).map_err(|error| refuse(error.to_string()))?;
+        }
         let redis = RedisConnection::connect(url, settings.lease_ttl())
             .await
             .map_err(|error| refuse(format!("cluster mode: {error}")))?;
@@ -113,9 +133,11 @@ impl Cluster {
             virtual_nodes: settings.virtual_nodes,
             ..MembershipSettings::new(advertise).with_lease_ttl(settings.lease_ttl())
         };
-        let membership = RedisMembership::join(redis.clone(), keys.clone(), membership_settings)
+        // The lease bypasses the breaker (crate::breaker); every seam goes through it.
+        let membership = RedisMembership::join(redis.unguarded(), keys.clone(), membership_settings)
             .await
             .map_err(|error| refuse(error.to_string()))?;
+        let redis = redis.with_breaker(Breaker::new("redis", settings.breaker()));
         let routes = Arc::new(RedisRouteTable::new(redis.clone(), keys.clone(), RedisTimeouts::default()));
         let this_node = membership.this_node();
         // Routes an earlier process with this id left behind (it was killed) are ghosts.
@@ -126,10 +148,14 @@ impl Cluster {
         }
         tracing::info!(%this_node, %advertise, %peer_listen, "cluster mode");
         let timeouts = PeerTimeouts::default();
-        let bus = Arc::new(PeerBus::new(this_node, secret.clone(), Arc::clone(&membership) as _, timeouts));
+        let bus = Arc::new(
+            PeerBus::new(this_node, secret.clone(), Arc::clone(&membership) as _, timeouts)
+                .with_breakers(settings.breaker()),
+        );
         let cached_routes =
             Arc::new(CachedRoutes::new(Arc::clone(&routes) as _, settings.route_cache_ttl(), ROUTE_CACHE_USERS));
         cached_routes.announce_to(Arc::clone(&bus) as _);
+        let client_urls = ClientUrls::new(redis.clone(), keys.clone(), RedisTimeouts::default());
         Ok(Self {
             membership,
             routes,
@@ -141,6 +167,8 @@ impl Cluster {
             timeouts,
             listener: Mutex::new(Some(listener)),
             peer_listen,
+            client_urls,
+            published_url: Mutex::new(None),
         })
     }
 
@@ -191,7 +219,14 @@ impl Cluster {
             peer_listen: self.peer_listen,
             holds_lease: self.membership.holds_lease(),
             members: self.membership.members(),
+            breakers: self.redis.breaker().map(Breaker::status).into_iter().chain(self.bus.breakers()).collect(),
         }
+    }
+
+    /// Whether Redis is answering as far as this node knows: false while its breaker is
+    /// open (`/readyz`).
+    pub fn redis_available(&self) -> bool {
+        self.redis.breaker().is_none_or(|breaker| breaker.state() != BreakerState::Open)
     }
 
     /// Whether this node may act for its conversations (`/readyz`).
@@ -199,11 +234,73 @@ impl Cluster {
         self.membership.holds_lease()
     }
 
+    /// Publishes the URL clients reach this node at, once it accepts connections (never
+    /// earlier: a draining node must not send clients to a node that would refuse them):
+    /// `configured` (`cluster.client_url`), or one built from `listening`, the address the
+    /// gateway is bound to. A failure is logged and the node serves all the same; draining
+    /// nodes just send it no clients until the URL is written again.
+    pub async fn serve_clients_at(&self, configured: Option<&str>, listening: SocketAddr) {
+        let Some(url) = client_url(configured, listening) else {
+            tracing::warn!(
+                %listening,
+                "listen is a wildcard address, which clients cannot dial: set cluster.client_url \
+                 (HERALD_CLUSTER__CLIENT_URL) so that draining nodes can send their clients here"
+            );
+            return;
+        };
+        *self.published_url.lock().unwrap_or_else(PoisonError::into_inner) = Some(url.clone());
+        match self.client_urls.publish(self.this_node(), &url).await {
+            Ok(()) => tracing::info!(%url, "clients reach this node at this URL"),
+            Err(error) => tracing::warn!(%url, %error, "could not publish this node's client URL"),
+        }
+    }
+
+    /// At the start of a drain: withdraws this node's client URL (so that no other node
+    /// draining at the same time sends clients here) and returns the client URLs of the
+    /// other live members, for this node's `go_away`s. Empty when Redis does not answer in
+    /// time (each step waits at most its write deadline) or no other member published one.
+    pub async fn redirect_targets(&self) -> Vec<String> {
+        if !self.withdraw_client_url().await {
+            return Vec::new(); // Redis did not answer: reading it would only wait as long again.
+        }
+        let this_node = self.this_node();
+        let others: BTreeSet<NodeId> =
+            self.membership.members().into_iter().map(|(node, _)| node).filter(|node| *node != this_node).collect();
+        match self.client_urls.all().await {
+            // An entry of a node without a live lease is left over from a killed process.
+            Ok(urls) => {
+                let targets: Vec<String> =
+                    urls.into_iter().filter(|(node, _)| others.contains(node)).map(|(_, url)| url).collect();
+                tracing::info!(nodes = targets.len(), "draining: clients are sent to the other nodes");
+                targets
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the other nodes' client URLs; clients reconnect to this address");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Removes this node's client URL from Redis; returns whether Redis answered.
+    async fn withdraw_client_url(&self) -> bool {
+        self.published_url.lock().unwrap_or_else(PoisonError::into_inner).take();
+        match self.client_urls.withdraw(self.this_node()).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(%error, "could not withdraw this node's client URL");
+                false
+            }
+        }
+    }
+
     /// Gives the lease up (the others take this node's conversations over at once) and
-    /// removes this node's routes.
+    /// removes this node's client URL and routes.
     pub async fn leave(&self) {
         // A lease lost for good may be another process's now: its routes are not ours to drop.
         let held = self.membership.holds_lease();
+        if held {
+            self.withdraw_client_url().await;
+        }
         if let Err(error) = self.membership.leave().await {
             tracing::warn!(%error, "could not give the lease up; it lapses by itself");
         }
@@ -214,44 +311,98 @@ impl Cluster {
 
     /// Each time Redis is found to have lost its data (FLUSHALL, a restart without
     /// persistence), writes again what this node keeps there: the route of every open
-    /// connection (unless a newer connection of the device wrote one meanwhile) and this
-    /// node's entry for every room it has subscribers of. The lease itself is re-taken by
-    /// the membership's heartbeat, which is what signals the loss. Runs until the node stops.
+    /// connection (unless a newer connection of the device wrote one meanwhile), this
+    /// node's entry for every room it has subscribers of, and its client URL. The lease
+    /// itself is re-taken by the membership's heartbeat, which is what signals the loss.
+    /// Also every [`REASSERT_EVERY`], quietly, for a loss no one signalled (a master of a
+    /// Redis Cluster failing over without the generation key). Runs until the node stops.
     pub(super) async fn reassert_after_data_loss(self: Arc<Self>, held: HeldHere) {
         let mut losses = self.membership.data_lost();
         let this_node = self.this_node();
-        while losses.changed().await.is_ok() {
-            let (mut routes, mut rooms, mut failed) = (0, 0, 0);
-            let mut users = Vec::new();
-            for session in held.sessions.all() {
-                users.push(session.user.clone());
-                let route = Route {
-                    user: session.user.clone(),
-                    device: session.device.clone(),
-                    node: this_node,
-                    connection: session.id,
-                    connected_at_ms: held.clock.now_ms(),
-                };
-                match self.cached_routes.restore(route).await {
-                    Ok(wrote) => routes += usize::from(wrote),
-                    Err(_) => failed += 1,
+        let mut rounds = tokio::time::interval_at(Instant::now() + REASSERT_EVERY, REASSERT_EVERY);
+        rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                lost = losses.changed() => {
+                    if lost.is_err() {
+                        return;
+                    }
+                    // The lease's call just got through, so Redis answers again: no need to
+                    // wait out a breaker its outage opened before writing back what it lost.
+                    if let Some(breaker) = self.redis.breaker() {
+                        breaker.reset();
+                    }
+                }
+                _ = rounds.tick() => {
+                    // A Redis Cluster master that lost writes without holding the generation
+                    // key goes unnoticed by the lease: a quiet round finds what it lost.
+                    let (routes, rooms, failed) = self.write_again(&held, this_node).await;
+                    if routes > 0 || failed > 0 {
+                        tracing::warn!(routes, failed, rooms, "routes were missing from Redis and are written again");
+                    }
+                    continue;
                 }
             }
-            // Other nodes may have cached "no device" while the routes were missing.
-            self.cached_routes.announce(&users).await;
-            for room in held.rooms.rooms() {
-                match held.room_directory.joined(&room, this_node).await {
-                    Ok(()) => rooms += 1,
-                    Err(_) => failed += 1,
+            for attempt in 1..=REASSERT_ATTEMPTS {
+                let (routes, rooms, failed) = self.write_again(&held, this_node).await;
+                tracing::warn!(
+                    routes,
+                    rooms,
+                    failed,
+                    attempt,
+                    "Redis had lost its data; this node's routes and rooms are written again"
+                );
+                if failed == 0 {
+                    break;
                 }
+                tokio::time::sleep(REASSERT_RETRY).await;
             }
-            tracing::warn!(
-                routes,
-                rooms,
-                failed,
-                "Redis had lost its data; this node's routes and rooms are written again"
-            );
         }
+    }
+
+    /// Writes this node's routes, room entries and client URL again; returns how many routes it wrote
+    /// (those a newer connection had not replaced), rooms it wrote, and writes that failed.
+    async fn write_again(&self, held: &HeldHere, this_node: NodeId) -> (usize, usize, usize) {
+        let (mut routes, mut rooms, mut failed) = (0, 0, 0);
+        let mut users = Vec::new();
+        for session in held.sessions.all() {
+            let route = Route {
+                user: session.user.clone(),
+                device: session.device.clone(),
+                node: this_node,
+                connection: session.id,
+                connected_at_ms: held.clock.now_ms(),
+            };
+            match self.cached_routes.restore(route.clone()).await {
+                Ok(false) => {}
+                Ok(true) if held.sessions.get(session.id).is_none() => {
+                    // It closed meanwhile, and its logout may have run before the restore.
+                    let _ = self.cached_routes.forget_stale(&route).await;
+                }
+                Ok(true) => {
+                    routes += 1;
+                    users.push(session.user.clone());
+                }
+                Err(_) => failed += 1,
+            }
+        }
+        // Other nodes may have cached "no device" while these routes were missing.
+        if !users.is_empty() {
+            self.cached_routes.announce(&users).await;
+        }
+        for room in held.rooms.rooms() {
+            match held.room_directory.joined(&room, this_node).await {
+                Ok(()) => rooms += 1,
+                Err(_) => failed += 1,
+            }
+        }
+        let published = self.published_url.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(url) = published
+            && self.client_urls.publish(this_node, &url).await.is_err()
+        {
+            failed += 1;
+        }
+        (routes, rooms, failed)
     }
 
     /// Follows ring changes: forgets the seq segments of conversations this node no longer

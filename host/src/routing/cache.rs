@@ -16,8 +16,11 @@
 //! - a lookup that raced with a change does not store what it read: every change bumps a
 //!   counter, and an answer read while the counter moved is used once and not kept.
 //!
-//! A logout elsewhere is not announced: an entry still naming the closed connection only
-//! costs a delivery the other node ignores, until the entry expires.
+//! A logout elsewhere is not announced. An entry still naming the closed connection costs
+//! one delivery: the node that held the connection finds no session for it, removes the
+//! route if Redis still has it and announces the change
+//! ([`forget_stale`](RouteTable::forget_stale)), so every node drops its entry then, not
+//! at the TTL.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -181,6 +184,15 @@ impl RouteTable for CachedRoutes {
         self.invalidate(std::slice::from_ref(&user));
         wrote
     }
+
+    /// The node that sent the delivery read the stale route from its cache (or Redis still
+    /// held it): it is removed, and every node drops its entry, so the next message looks
+    /// the user up again.
+    async fn forget_stale(&self, route: &Route) -> Result<bool, RouteError> {
+        let removed = self.inner.logout(&route.user, &route.device, route.node, route.connection).await;
+        self.announce(std::slice::from_ref(&route.user)).await;
+        removed
+    }
 }
 
 #[cfg(test)]
@@ -240,6 +252,26 @@ mod tests {
             .await
             .expect("logout");
         assert!(!cached.devices_of(&[user("bob")]).await.expect("lookup").contains_key(&user("bob")));
+    }
+
+    #[tokio::test]
+    async fn a_stale_route_is_removed_and_announced_so_every_node_looks_again() {
+        let shared: Arc<dyn RouteTable> = Arc::new(MemoryRouteTable::default());
+        let cached = CachedRoutes::new(Arc::clone(&shared), Duration::from_secs(60), 1000);
+        let announced = Arc::new(Mutex::new(Vec::new()));
+        cached.announce_to(Arc::new(Announced(Arc::clone(&announced))));
+        let (gone, newer) = (route("dan", "phone", 1, 4), route("dan", "phone", 1, 5));
+        shared.login(gone.clone()).await.expect("login");
+        assert_eq!(cached.devices_of(&[user("dan")]).await.expect("lookup")[&user("dan")], vec![gone.clone()]);
+
+        assert!(cached.forget_stale(&gone).await.expect("forget"), "still in the table: removed");
+        assert_eq!(*announced.lock().expect("lock"), vec![user("dan")], "every other node drops its entry");
+        assert!(cached.devices_of(&[user("dan")]).await.expect("lookup").is_empty(), "and this one did");
+
+        // A newer connection of the device is never removed by a stale finding of the old.
+        shared.login(newer.clone()).await.expect("login");
+        assert!(!cached.forget_stale(&gone).await.expect("forget"));
+        assert_eq!(cached.devices_of(&[user("dan")]).await.expect("lookup")[&user("dan")], vec![newer]);
     }
 
     /// A table whose lookups wait until told, so a change can land mid-lookup.

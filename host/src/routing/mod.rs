@@ -60,6 +60,12 @@ pub trait RouteTable: Send + Sync + 'static {
     /// it meanwhile); returns whether it wrote. For a node re-asserting its connections'
     /// routes after the shared table lost its data.
     async fn restore(&self, route: Route) -> Result<bool, RouteError>;
+    /// A delivery found `route` stale (it names a connection of the delivering node that is
+    /// gone): removes it if it still names that connection, and drops cached copies of its
+    /// user's routes wherever routes are cached. Returns whether it removed it.
+    async fn forget_stale(&self, route: &Route) -> Result<bool, RouteError> {
+        self.logout(&route.user, &route.device, route.node, route.connection).await
+    }
 }
 
 /// The embedded route table: a concurrent map in this process.

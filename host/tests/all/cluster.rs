@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use herald_host::breaker::{Breaker, BreakerConfig, BreakerState};
 use herald_host::cluster::{
     MarkLifetimes, RedisConnection, RedisDedup, RedisRoomDirectory, RedisRouteTable, RedisTimeouts,
 };
@@ -350,6 +351,48 @@ async fn a_stalled_redis_fails_each_call_within_its_deadline() {
 }
 
 #[tokio::test]
+async fn a_redis_that_keeps_failing_opens_the_breaker_then_calls_fail_at_once_until_it_answers_again() {
+    let scratch = Scratch::new().await;
+    let frozen = Arc::new(AtomicBool::new(false));
+    let breaker = Breaker::new("redis", BreakerConfig { failures: 3, open_for: Duration::from_millis(300) });
+    let redis =
+        connect(&partitionable_proxy(&scratch.url, Arc::clone(&frozen)).await).await.with_breaker(breaker.clone());
+    let timeouts = RedisTimeouts { lookup: Duration::from_millis(50), write: Duration::from_secs(2) };
+    let table = RedisRouteTable::new(redis.clone(), scratch.keys.clone(), timeouts);
+    let dedup =
+        RedisDedup::new(redis, scratch.keys.clone(), timeouts, MarkLifetimes::with_ttl(Duration::from_secs(60)));
+    let ann = user("ann");
+    table.login(route("ann", "phone", 1, 1)).await.expect("login while Redis answers");
+
+    frozen.store(true, Ordering::SeqCst);
+    for _ in 0..3 {
+        let RouteError(lookup) = table.devices_of(std::slice::from_ref(&ann)).await.expect_err("stalled");
+        assert_eq!(lookup, "Redis did not answer route lookup within 50ms");
+    }
+    assert_eq!(breaker.state(), BreakerState::Open, "three timeouts in a row");
+    let RouteError(refused) = table.devices_of(std::slice::from_ref(&ann)).await.expect_err("not even tried");
+    assert_eq!(refused, "Redis was not asked for route lookup: its circuit breaker is open after repeated failures");
+    assert!(
+        matches!(dedup.try_mark(&ann, &client_msg_id(9)).await, Mark::Fresh),
+        "with the breaker open a send still goes through, to the unique index"
+    );
+    assert!(breaker.status().refused >= 2, "{:?}", breaker.status());
+
+    // Once Redis answers, the probe after the open period closes the breaker again.
+    frozen.store(false, Ordering::SeqCst);
+    let thawed = Instant::now();
+    let found = loop {
+        match table.devices_of(std::slice::from_ref(&ann)).await {
+            Ok(found) => break found,
+            Err(error) => assert!(thawed.elapsed() < WAIT, "lookups never worked again: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(places(&found, "ann"), vec![("phone".to_owned(), 1, 1)]);
+    assert_eq!(breaker.state(), BreakerState::Closed);
+}
+
+#[tokio::test]
 async fn an_unreachable_redis_fails_to_connect_with_a_clear_message() {
     let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind").local_addr().expect("address");
     let url = format!("redis://:secret@{closed}/0");
@@ -359,4 +402,23 @@ async fn an_unreachable_redis_fails_to_connect_with_a_clear_message() {
     assert!(message.starts_with(&format!("cannot connect to Redis at redis://***@{closed}/0")), "{message}");
     assert!(!message.contains("secret"), "{message}");
     assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+}
+
+/// The client URLs draining nodes read: one hash of the `{cluster}` tag, a node's entry
+/// replaced when the id is taken again and gone once withdrawn.
+#[tokio::test]
+async fn client_urls_are_published_replaced_and_withdrawn_per_node() {
+    let scratch = Scratch::new().await;
+    let urls = herald_host::cluster::ClientUrls::new(scratch.redis.clone(), scratch.keys.clone(), PATIENT);
+    assert!(urls.all().await.expect("read").is_empty(), "nothing published yet");
+    urls.publish(NodeId(1), "ws://127.0.0.1:7070/v1/ws").await.expect("publish");
+    urls.publish(NodeId(2), "ws://127.0.0.1:7080/v1/ws").await.expect("publish");
+    urls.publish(NodeId(1), "wss://node-1.example.com/v1/ws").await.expect("a new life of node 1");
+    let all = urls.all().await.expect("read");
+    let expected = [(NodeId(1), "wss://node-1.example.com/v1/ws"), (NodeId(2), "ws://127.0.0.1:7080/v1/ws")];
+    assert_eq!(all.iter().map(|(node, url)| (*node, url.as_str())).collect::<Vec<_>>(), expected);
+    assert_eq!(scratch.keys_written(), BTreeSet::from(["node:{cluster}:clients".to_owned()]));
+    urls.withdraw(NodeId(1)).await.expect("withdraw");
+    urls.withdraw(NodeId(1)).await.expect("withdrawing twice is no error");
+    assert_eq!(urls.all().await.expect("read").into_keys().collect::<Vec<_>>(), vec![NodeId(2)]);
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{BufMut as _, Bytes, BytesMut};
+use herald_host::breaker::{BreakerConfig, BreakerState};
 use herald_host::cluster::peer::{
     PROTOCOL_VERSION, PeerAddresses, PeerBus, PeerHandler, PeerSecret, PeerServer, PeerTimeouts,
 };
@@ -518,6 +519,48 @@ async fn a_silent_peer_costs_one_deadline_then_calls_fail_at_once() {
     assert_failed(&error, CALLED, "did not finish in time; next attempt in");
     pair.directory.set(CALLED, pair.served.address);
     assert_eq!(pair.bus.lowest_in_flight(CALLED, &conversation("grp:x")).await, Ok(Some(41)));
+}
+
+#[tokio::test]
+async fn a_peer_that_keeps_timing_out_opens_its_breaker_then_calls_fail_at_once_until_it_answers_again() {
+    let quick = PeerTimeouts { forward_send: Duration::from_millis(200), ..timeouts() };
+    let mut pair = Pair::start_with(secret(SECRET), quick).await;
+    pair.bus = PeerBus::new(CALLER, secret(SECRET), Arc::clone(&pair.directory) as _, quick)
+        .with_breakers(BreakerConfig { failures: 3, open_for: Duration::from_millis(300) });
+    let breaker_of = |bus: &PeerBus| {
+        let breakers = bus.breakers();
+        assert_eq!(breakers.len(), 1, "one peer called: {breakers:?}");
+        assert_eq!(breakers[0].name, format!("peer:{CALLED}"));
+        breakers[0].clone()
+    };
+    assert_eq!(pair.bus.lowest_in_flight(CALLED, &conversation("grp:x")).await, Ok(Some(41)), "the link is open");
+    // The peer reads each send, but never answers (an overloaded or stuck node).
+    pair.recorder.sends.send_replace(false);
+    for rid in 1..=3 {
+        let error = pair.bus.forward_send(CALLED, send_request(rid, 0)).await.expect_err("no answer");
+        assert_failed(&error, CALLED, "did not answer forward_send within 200ms");
+    }
+    assert_eq!(breaker_of(&pair.bus).state, BreakerState::Open);
+    let error = pair.bus.forward_send(CALLED, send_request(4, 0)).await.expect_err("not even sent");
+    assert_failed(&error, CALLED, "circuit breaker is open");
+    let sends = pair.recorder.calls().iter().filter(|call| matches!(call, Recorded::Send(_))).count();
+    assert_eq!(sends, 3, "the refused call never reached the peer");
+
+    // The peer answers again: the first call after the open period goes through (over a
+    // fresh link) and closes the breaker.
+    pair.recorder.sends.send_replace(true);
+    let thawed = Instant::now();
+    let ack = loop {
+        match pair.bus.forward_send(CALLED, send_request(5, 0)).await {
+            Ok(ack) => break ack,
+            Err(error) => assert!(thawed.elapsed() < WAIT, "the peer was never asked again: {error:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(ack.ack, ack_for(&send_request(5, 0)));
+    let status = breaker_of(&pair.bus);
+    assert_eq!((status.state, status.opened), (BreakerState::Closed, 1));
+    assert!(status.refused >= 1, "{status:?}");
 }
 
 #[tokio::test]

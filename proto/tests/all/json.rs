@@ -120,3 +120,26 @@ fn an_unnamed_enum_value_cannot_be_written_as_json() {
     assert!(matches!(encode_json(&frame), Err(EncodeError::Json(_))));
     assert!(!encode_proto(&frame).is_empty());
 }
+
+/// `go_away`'s reconnect URL is `reconnectUrl` in JSON (`reconnect_url` is read too), and
+/// left out when empty, so a client of the first version of the frame sees nothing new.
+#[test]
+fn go_away_names_the_node_to_reconnect_to_as_reconnect_url() {
+    let frame = v1::Frame::new(
+        0,
+        v1::GoAway {
+            reason: "server shutting down; reconnect".into(),
+            reconnect_after_ms: 1_200,
+            reconnect_url: "ws://10.0.0.7:7070/v1/ws".into(),
+        },
+    );
+    let text = r#"{"goAway":{"reason":"server shutting down; reconnect","reconnectAfterMs":1200,"reconnectUrl":"ws://10.0.0.7:7070/v1/ws"}}"#;
+    assert_eq!(encode_json(&frame).expect("encodes"), text);
+    let snake = r#"{"go_away":{"reason":"server shutting down; reconnect","reconnect_after_ms":1200,
+        "reconnect_url":"ws://10.0.0.7:7070/v1/ws"}}"#;
+    assert_eq!(decode(snake, Encoding::Json).expect("decodes"), frame);
+
+    let same_address =
+        v1::Frame::new(0, v1::GoAway { reason: "bye".into(), reconnect_after_ms: 5, ..Default::default() });
+    assert_eq!(encode_json(&same_address).expect("encodes"), r#"{"goAway":{"reason":"bye","reconnectAfterMs":5}}"#);
+}

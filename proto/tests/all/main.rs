@@ -116,7 +116,14 @@ fn samples() -> Vec<v1::Frame> {
         Frame::new(0, SyncHint { conversation: "grp:team-7".into(), latest_seq: BIG }),
         Frame::new(8, Ping { time_ms: BIG }),
         Frame::new(8, Pong { time_ms: BIG }),
-        Frame::new(0, GoAway { reason: "draining for upgrade".into(), reconnect_after_ms: 1_500 }),
+        Frame::new(
+            0,
+            GoAway {
+                reason: "draining for upgrade".into(),
+                reconnect_after_ms: 1_500,
+                reconnect_url: "wss://node-2.chat.example.com/v1/ws".into(),
+            },
+        ),
         Frame::new(
             0,
             Error { code: "not_a_member".into(), message: "you are not a member of grp:team-7".into(), rid: 9 },

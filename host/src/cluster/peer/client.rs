@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::link::Link;
 use super::{Kind, PeerAddresses, PeerSecret, PeerTimeouts, wire};
+use crate::breaker::{Breaker, BreakerConfig, BreakerState, BreakerStatus};
 use crate::model::{ConversationId, Message, NodeId, UserId};
 use crate::routing::Route;
 use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
@@ -25,7 +26,9 @@ use crate::routing::cache::RouteChanges;
 ///
 /// Use it rather than [`LocalBus`](crate::routing::bus::LocalBus) whenever the ring can
 /// name another node. Every call ends within its deadline ([`PeerTimeouts`]); a peer that
-/// cannot be reached fails calls at once until its backoff has passed.
+/// cannot be reached fails calls at once until its backoff has passed, and a peer whose
+/// link is open but which keeps failing or not answering (paused, overloaded) does too, for
+/// as long as its [`Breaker`] is open.
 pub struct PeerBus {
     /// This node, as it introduces itself.
     local: NodeId,
@@ -34,15 +37,18 @@ pub struct PeerBus {
     /// Where each peer is; asked on every call, so a node that moved is found.
     addresses: Arc<dyn PeerAddresses>,
     timeouts: PeerTimeouts,
+    /// The setting of each peer's breaker.
+    breaker: BreakerConfig,
     /// Every peer called so far, with its link.
     peers: Mutex<HashMap<NodeId, Arc<Peer>>>,
 }
 
 /// One peer as this node calls it.
-#[derive(Default)]
 struct Peer {
     /// The open link, read without locking on every call.
     link: ArcSwapOption<Link>,
+    /// Opened by calls failing or timing out in a row; while open, calls fail at once.
+    breaker: Breaker,
     /// Held while a link is opened, so concurrent callers wait for one attempt rather than
     /// each making their own; holds the backoff after failed attempts.
     opening: tokio::sync::Mutex<Backoff>,
@@ -64,19 +70,47 @@ impl PeerBus {
     /// A bus for node `local`, proving itself with `secret`, finding peers through
     /// `addresses`. Opens nothing until the first call.
     pub fn new(local: NodeId, secret: PeerSecret, addresses: Arc<dyn PeerAddresses>, timeouts: PeerTimeouts) -> Self {
-        Self { local, secret, addresses, timeouts, peers: Mutex::new(HashMap::new()) }
+        Self {
+            local,
+            secret,
+            addresses,
+            timeouts,
+            breaker: BreakerConfig::default(),
+            peers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// This bus with each peer's breaker set to `config` (default: [`BreakerConfig::default`]).
+    #[must_use]
+    pub fn with_breakers(mut self, config: BreakerConfig) -> Self {
+        self.breaker = config;
+        self
+    }
+
+    /// The breaker of each peer called so far (`/admin/cluster`).
+    pub fn breakers(&self) -> Vec<BreakerStatus> {
+        let peers = self.peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut statuses: Vec<BreakerStatus> = peers.values().map(|peer| peer.breaker.status()).collect();
+        statuses.sort_by(|a, b| a.name.cmp(&b.name));
+        statuses
     }
 
     fn peer(&self, node: NodeId) -> Arc<Peer> {
         let mut peers = self.peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(peers.entry(node).or_default())
+        let peer = peers.entry(node).or_insert_with(|| {
+            Arc::new(Peer {
+                link: ArcSwapOption::empty(),
+                breaker: Breaker::new(format!("peer:{node}"), self.breaker),
+                opening: tokio::sync::Mutex::default(),
+            })
+        });
+        Arc::clone(peer)
     }
 
     /// The open link to `node`, opening one if there is none (or it closed, or the node
     /// moved) and the backoff allows.
-    async fn link(&self, node: NodeId) -> Result<Arc<Link>, BusError> {
+    async fn link(&self, node: NodeId, peer: &Peer) -> Result<Arc<Link>, BusError> {
         let address = self.addresses.address_of(node).ok_or(BusError::Unreachable(node))?;
-        let peer = self.peer(node);
         let usable =
             |link: &Option<Arc<Link>>| link.as_ref().filter(|l| l.is_open() && l.address() == address).cloned();
         if let Some(link) = usable(&peer.link.load_full()) {
@@ -137,28 +171,52 @@ impl PeerBus {
             Kind::ForwardSend => self.timeouts.forward_send,
             _ => self.timeouts.request,
         };
+        let peer = self.peer(node);
+        if !peer.breaker.permits() {
+            metrics::counter!("herald_cluster_peer_requests_total", "kind" => kind.name(), "outcome" => "refused")
+                .increment(1);
+            let reason = format!("node {node} was not asked: its circuit breaker is open after repeated failures");
+            return Err(BusError::Failed { node, reason });
+        }
+        // The inner result is the peer's answer: a refusal is an answer, and says nothing
+        // against the link.
         let exchange = async {
-            let link = self.link(node).await?;
+            let link = self.link(node, &peer).await?;
             match link.call(request).await {
                 Ok(Some(Outcome::Failure(Failure { message, .. }))) => {
-                    Err(BusError::Failed { node, reason: format!("node {node} refused the request: {message}") })
+                    Ok(Err(BusError::Failed { node, reason: format!("node {node} refused the request: {message}") }))
                 }
-                Ok(Some(outcome)) => Ok(outcome),
+                Ok(Some(outcome)) => Ok(Ok(outcome)),
                 Ok(None) => {
-                    Err(BusError::Failed { node, reason: format!("node {node} answered in a form unknown here") })
+                    Ok(Err(BusError::Failed { node, reason: format!("node {node} answered in a form unknown here") }))
                 }
                 Err(reason) => Err(BusError::Failed { node, reason }),
             }
         };
-        let (result, outcome) = match tokio::time::timeout(deadline, exchange).await {
-            Ok(Ok(answer)) => (Ok(answer), "ok"),
-            Ok(Err(error @ BusError::Unreachable(_))) => (Err(error), "unreachable"),
-            Ok(Err(error)) => (Err(error), "failed"),
+        // `answered`: whether the peer answered at all (the link works), for its breaker.
+        let (result, outcome, answered) = match tokio::time::timeout(deadline, exchange).await {
+            Ok(Ok(Ok(answer))) => (Ok(answer), "ok", Some(true)),
+            Ok(Ok(Err(refused))) => (Err(refused), "failed", Some(true)),
+            // A node that left the ring is no failure of its link.
+            Ok(Err(error @ BusError::Unreachable(_))) => (Err(error), "unreachable", None),
+            Ok(Err(error)) => (Err(error), "failed", Some(false)),
             Err(_) => {
                 let reason = format!("node {node} did not answer {} within {deadline:?}", kind.name());
-                (Err(BusError::Failed { node, reason }), "timeout")
+                (Err(BusError::Failed { node, reason }), "timeout", Some(false))
             }
         };
+        match answered {
+            Some(true) => peer.breaker.success(),
+            Some(false) => {
+                peer.breaker.failure();
+                // The probe after the open period goes over a fresh link: the old one may
+                // be dead without either end having noticed (a peer cut off mid-stream).
+                if peer.breaker.state() == BreakerState::Open {
+                    peer.link.store(None);
+                }
+            }
+            None => {}
+        }
         metrics::counter!("herald_cluster_peer_requests_total", "kind" => kind.name(), "outcome" => outcome)
             .increment(1);
         result

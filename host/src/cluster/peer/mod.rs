@@ -43,10 +43,14 @@
 //! pulled by its device later). A link that broke is reopened on the next call; a peer that
 //! could not be reached is tried again only after a backoff (doubling from
 //! [`PeerTimeouts::reconnect_min`] to [`PeerTimeouts::reconnect_max`]), and calls meanwhile
-//! fail without waiting.
+//! fail without waiting. A peer whose link opens but whose calls keep failing or timing out
+//! (paused, overloaded, cut off mid-stream) is caught by its circuit breaker
+//! ([`crate::breaker`], named `peer:<node>`): `cluster.breaker_failures` such calls in a row
+//! open it, calls then fail at once for `cluster.breaker_open_ms`, and the probe after that
+//! goes over a fresh link. A refusal the peer answered with counts as an answer.
 //!
-//! Counters: `herald_cluster_peer_requests_total{kind, outcome}` for every call made
-//! (`outcome`: `ok`, `failed`, `timeout`, `unreachable`) and
+//! Counters: `herald_cluster_peer_requests_total{kind, outcome}` for every call
+//! (`outcome`: `ok`, `failed`, `timeout`, `unreachable`, `refused` by the breaker) and
 //! `herald_cluster_peer_refused_total{reason}` for links this node refused.
 //!
 //! [`BusError`]: crate::routing::bus::BusError

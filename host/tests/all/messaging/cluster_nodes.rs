@@ -2,13 +2,17 @@
 //! database, clients spread over them, every message reaching every device wherever it is
 //! connected.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use herald_host::store::Backend;
+use herald_proto::Encoding;
+use herald_proto::v1;
 
 use super::client::Client;
-use super::dm;
 use super::nodes::{History, Nodes, check_history};
 use super::plugins::{configure, install};
 use super::server::DEV_KEY;
+use super::{WAIT, dm};
 use serde_json::json;
 
 /// A dm whose two users are on nodes `a` and `b` and whose owner is node `owner`: the
@@ -176,5 +180,57 @@ async fn announcement_limits_and_once_only_ids_hold_across_nodes() {
     let mut reader = Client::connect(&nodes.nodes[1], "reader", "phone").await;
     let stored = reader.subscribe("room:news", Some(0)).await;
     assert_eq!(stored.messages.len(), 1, "stored once: {stored:?}");
+    nodes.stop().await;
+}
+
+/// A node shutting down sends each of its clients to another live node: every `go_away`
+/// names one of the other nodes' client URLs (`ws://<listen>/v1/ws`, built from the port
+/// each node was bound to), every device of a user the same one, and a client reconnecting
+/// there logs in and is backfilled what was sent to it meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_node_sends_each_client_to_another_live_node() {
+    let mut nodes = Nodes::start_with(3, Backend::Postgres, &[("GATEWAY__GO_AWAY_SPREAD_MS", "200")]).await;
+    let others: BTreeSet<String> = [nodes.nodes[1].ws_url(), nodes.nodes[2].ws_url()].into();
+    let users = ["ada", "ben", "cyd", "dee", "eli", "fay", "gus", "hal"];
+    let mut clients = Vec::new();
+    for user in users {
+        clients.push((user, Client::connect(&nodes.nodes[0], user, "phone").await));
+    }
+    // A second device of one user, and a client of the JSON encoding, to see the field's name.
+    clients.push(("ada", Client::connect(&nodes.nodes[0], "ada", "laptop").await));
+    clients.push(("ivy", Client::connect_with(&nodes.nodes[0], Encoding::Json, "ivy", "phone").await));
+
+    nodes.terminate(0).await;
+    let mut sent_to: BTreeMap<&str, String> = BTreeMap::new();
+    for (user, client) in &mut clients {
+        let go_away = client
+            .wait_for("go_away", WAIT, |frame| match &frame.body {
+                Some(v1::frame::Body::GoAway(go_away)) => Some(go_away.clone()),
+                _ => None,
+            })
+            .await;
+        assert!(others.contains(&go_away.reconnect_url), "{user}: one of the other nodes {others:?}: {go_away:?}");
+        assert!(go_away.reconnect_after_ms <= 200, "within GATEWAY__GO_AWAY_SPREAD_MS: {go_away:?}");
+        if let Some(first) = sent_to.insert(user, go_away.reconnect_url.clone()) {
+            assert_eq!(first, go_away.reconnect_url, "every device of {user} goes to the same node");
+        }
+        if client.encoding == Encoding::Json {
+            let field = format!(r#""reconnectUrl":"{}""#, go_away.reconnect_url);
+            assert!(client.raw_texts.iter().any(|text| text.contains(&field)), "{field} in {:?}", client.raw_texts);
+        }
+        client.expect_close_code(1012, "after go_away").await;
+    }
+
+    // Sent while they were away, from a node that stays; then each user reconnects where
+    // it was told to, and its backfill brings the message.
+    nodes.wait_for_members(2).await;
+    let mut sender = Client::connect(&nodes.nodes[1], "zoe", "phone").await;
+    for (user, url) in &sent_to {
+        let ack = sender.send_ok(&dm(user, "zoe"), format!("while {user} was away")).await;
+        let at = nodes.nodes.iter().position(|node| node.ws_url() == *url).expect("a node of the cluster");
+        let mut back = Client::connect(&nodes.nodes[at], user, "phone").await;
+        let message = back.deliver_of(ack.message_id).await.message.expect("a message");
+        assert_eq!(message.body.as_ref(), format!("while {user} was away").as_bytes());
+    }
     nodes.stop().await;
 }

@@ -83,6 +83,14 @@ impl Nodes {
         self.down.insert(at);
     }
 
+    /// SIGTERM of node `at`, as a service manager stops it: it drains (`go_away` to every
+    /// client), leaves the cluster and exits; waits for that and checks it exited cleanly.
+    pub async fn terminate(&mut self, at: usize) {
+        let clean = self.nodes[at].terminate().await;
+        assert!(clean, "node {at} exits cleanly on SIGTERM\n{}", self.nodes[at].log_tail());
+        self.down.insert(at);
+    }
+
     /// SIGSTOP of node `at`: it stops dead, holding its sockets, as a paused VM would.
     pub fn pause(&mut self, at: usize) {
         self.nodes[at].signal("STOP");
