@@ -2,8 +2,11 @@
 //! fail at once instead of each spending its whole deadline on it (seed `001_…` §3.3).
 //!
 //! A [`Breaker`] is closed while calls succeed. [`BreakerConfig::failures`] failed or
-//! timed-out calls in a row open it: for [`BreakerConfig::open_for`] every call is refused
-//! without being tried. Then it half-opens: calls go through again, the first success
+//! timed-out calls in a row, the run lasting at least [`BreakerConfig::span`], open it: for
+//! [`BreakerConfig::open_for`] every call is refused without being tried. The span matters
+//! because calls overlap: a dependency that stalls for one deadline fails every call in
+//! flight at once, hundreds "in a row" under load, and that alone must not cut it off for
+//! seconds; one that is down fails them all for as long as it is down. Then it half-opens: calls go through again, the first success
 //! closes it and the first failure opens it for another period. The state machine is
 //! `failsafe`'s; this module adds what the node needs around it: a name, the state as a
 //! number for `/metrics` (`herald_breaker_state{breaker}`: 0 closed, 1 half-open, 2 open),
@@ -16,11 +19,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use failsafe::backoff::{Constant, constant};
-use failsafe::failure_policy::{ConsecutiveFailures, consecutive_failures};
-use failsafe::{Instrument, StateMachine};
+use failsafe::{FailurePolicy, Instrument, StateMachine};
 use serde::Serialize;
 
 /// When a breaker opens and for how long.
@@ -28,14 +29,44 @@ use serde::Serialize;
 pub struct BreakerConfig {
     /// Failed calls in a row that open it.
     pub failures: u32,
+    /// The least time from the first to the last of those failures.
+    pub span: Duration,
     /// How long it stays open before it lets calls through to probe.
     pub open_for: Duration,
 }
 
 impl Default for BreakerConfig {
-    /// Seed 001: 10 consecutive timeouts open it for 5 s.
+    /// Seed 001: 10 consecutive timeouts open it for 5 s; here over at least 1 s.
     fn default() -> Self {
-        Self { failures: 10, open_for: Duration::from_secs(5) }
+        Self { failures: 10, span: Duration::from_secs(1), open_for: Duration::from_secs(5) }
+    }
+}
+
+/// `failsafe`'s policy for [`BreakerConfig`]: failures in a row, over a least span.
+#[derive(Debug)]
+struct SustainedFailures {
+    config: BreakerConfig,
+    /// Failures since the last success, and when the first of them came.
+    run: u32,
+    since: Option<Instant>,
+}
+
+impl FailurePolicy for SustainedFailures {
+    fn record_success(&mut self) {
+        self.revived();
+    }
+
+    fn mark_dead_on_failure(&mut self) -> Option<Duration> {
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        self.run = self.run.saturating_add(1);
+        (self.run >= self.config.failures && now.duration_since(since) >= self.config.span)
+            .then_some(self.config.open_for)
+    }
+
+    fn revived(&mut self) {
+        self.run = 0;
+        self.since = None;
     }
 }
 
@@ -72,7 +103,7 @@ impl BreakerState {
 /// A circuit breaker on one dependency. Cloning shares it.
 #[derive(Clone)]
 pub struct Breaker {
-    machine: StateMachine<ConsecutiveFailures<Constant>, Observer>,
+    machine: StateMachine<SustainedFailures, Observer>,
     observer: Observer,
 }
 
@@ -96,7 +127,7 @@ impl Breaker {
             opened: AtomicU64::new(0),
             refused: AtomicU64::new(0),
         }));
-        let policy = consecutive_failures(config.failures.max(1), constant(config.open_for));
+        let policy = SustainedFailures { config, run: 0, since: None };
         Self { machine: StateMachine::new(policy, observer.clone()), observer }
     }
 
@@ -195,7 +226,8 @@ mod tests {
     use super::*;
 
     fn breaker(failures: u32, open_for_ms: u64) -> Breaker {
-        Breaker::new("test", BreakerConfig { failures, open_for: Duration::from_millis(open_for_ms) })
+        let open_for = Duration::from_millis(open_for_ms);
+        Breaker::new("test", BreakerConfig { failures, span: Duration::ZERO, open_for })
     }
 
     #[test]
@@ -215,6 +247,19 @@ mod tests {
         assert!(!breaker.permits() && !breaker.permits());
         let status = breaker.status();
         assert_eq!((status.opened, status.refused), (1, 2));
+    }
+
+    #[test]
+    fn failures_in_a_row_open_it_only_once_they_span_the_configured_time() {
+        let config = BreakerConfig { failures: 3, span: Duration::from_millis(50), open_for: Duration::from_secs(60) };
+        let breaker = Breaker::new("test", config);
+        for _ in 0..100 {
+            breaker.failure();
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed, "a burst of calls failing together is one stall");
+        std::thread::sleep(Duration::from_millis(60));
+        breaker.failure();
+        assert_eq!(breaker.state(), BreakerState::Open, "still failing after the span");
     }
 
     #[test]

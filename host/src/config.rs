@@ -398,11 +398,15 @@ impl Config {
                 cluster.lease_ttl_ms
             )));
         }
-        if !(1..=1000).contains(&cluster.breaker_failures) || !(100..=600_000).contains(&cluster.breaker_open_ms) {
+        if !(1..=1000).contains(&cluster.breaker_failures)
+            || cluster.breaker_span_ms > 60_000
+            || !(100..=600_000).contains(&cluster.breaker_open_ms)
+        {
             return Err(ConfigError::Invalid(format!(
-                "cluster.breaker_failures {} must be 1..=1000 and cluster.breaker_open_ms {} 100..=600000 (the \
-                 defaults, 10 and 5000: ten failures in a row open a breaker for 5 s)",
-                cluster.breaker_failures, cluster.breaker_open_ms
+                "cluster.breaker_failures {} must be 1..=1000, cluster.breaker_span_ms {} 0..=60000 and \
+                 cluster.breaker_open_ms {} 100..=600000 (the defaults, 10, 1000 and 5000: ten failures in a row \
+                 over at least 1 s open a breaker for 5 s)",
+                cluster.breaker_failures, cluster.breaker_span_ms, cluster.breaker_open_ms
             )));
         }
         if !(1..=1000).contains(&cluster.virtual_nodes) {
@@ -643,7 +647,10 @@ mod tests {
             ("HERALD_CLUSTER__BREAKER_OPEN_MS", "250"),
         ]);
         let breaker = Config::load_from(None, vars, &dev).expect("a breaker setting").cluster.breaker();
-        assert_eq!((breaker.failures, breaker.open_for), (3, Duration::from_millis(250)));
+        assert_eq!(
+            (breaker.failures, breaker.span, breaker.open_for),
+            (3, Duration::from_secs(1), Duration::from_millis(250))
+        );
     }
 
     #[test]

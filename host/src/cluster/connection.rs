@@ -21,7 +21,8 @@
 //! # Circuit breaker
 //!
 //! The seams' connection carries a [`Breaker`] (`cluster.breaker_failures` failed or
-//! timed-out calls in a row open it for `cluster.breaker_open_ms`): while it is open, every
+//! timed-out calls in a row over at least `cluster.breaker_span_ms` open it for
+//! `cluster.breaker_open_ms`): while it is open, every
 //! call fails at once with [`RedisFailure::Unavailable`] instead of waiting out its
 //! deadline, so a Redis that stopped answering costs a send nothing but the seam's
 //! fallback (a route lookup counts the device as offline — it syncs; a dedup mark lets the

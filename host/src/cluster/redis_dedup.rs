@@ -36,6 +36,7 @@ use super::{KeyPrefix, RedisTimeouts};
 use crate::model::{ClientMsgId, ConversationId, UserId};
 use crate::pipeline::SendError;
 use crate::pipeline::dedup::{DedupMarks, Mark, Original, Outcome};
+use crate::telemetry::Throttle;
 
 /// How often a duplicate reads the mark of the original it waits for.
 const POLL_EVERY: Duration = Duration::from_millis(20);
@@ -111,7 +112,10 @@ impl DedupMarks for RedisDedup {
         let held: Option<String> = match self.redis.invoke("dedup mark", self.timeouts.lookup, &take).await {
             Ok(held) => held,
             Err(failure) => {
-                tracing::warn!(%sender, %client_msg_id, %failure, "dedup mark not taken; the unique index guards this send");
+                static NOT_TAKEN: Throttle = Throttle::new();
+                if let Some(suppressed) = NOT_TAKEN.allow() {
+                    tracing::warn!(%sender, %client_msg_id, %failure, suppressed, "dedup mark not taken; the unique index guards this send");
+                }
                 return Mark::Fresh;
             }
         };
@@ -135,7 +139,10 @@ impl DedupMarks for RedisDedup {
             .arg("PX")
             .arg(millis(self.lifetimes.ttl));
         if let Err(failure) = self.redis.query::<()>("dedup complete", self.timeouts.write, &store).await {
-            tracing::warn!(%sender, %client_msg_id, %failure, "dedup mark not completed; it expires by its TTL");
+            static NOT_COMPLETED: Throttle = Throttle::new();
+            if let Some(suppressed) = NOT_COMPLETED.allow() {
+                tracing::warn!(%sender, %client_msg_id, %failure, suppressed, "dedup mark not completed; it expires by its TTL");
+            }
         }
     }
 
@@ -143,7 +150,10 @@ impl DedupMarks for RedisDedup {
         let mut cancel = CANCEL.prepare_invoke();
         cancel.key(self.keys.dedup(sender, client_msg_id));
         if let Err(failure) = self.redis.invoke::<()>("dedup cancel", self.timeouts.write, &cancel).await {
-            tracing::warn!(%sender, %client_msg_id, %failure, "dedup mark not cancelled; it expires by its TTL");
+            static NOT_CANCELLED: Throttle = Throttle::new();
+            if let Some(suppressed) = NOT_CANCELLED.allow() {
+                tracing::warn!(%sender, %client_msg_id, %failure, suppressed, "dedup mark not cancelled; it expires by its TTL");
+            }
         }
     }
 }

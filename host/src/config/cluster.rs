@@ -34,6 +34,8 @@ pub struct ClusterConfig {
     /// Circuit breakers on Redis and on each peer link: this many failed or timed-out calls
     /// in a row open the breaker (seed 001: 10).
     pub breaker_failures: u32,
+    /// ...over at least this long (ms): calls failing together in one stall do not open it.
+    pub breaker_span_ms: u64,
     /// How long an open breaker refuses calls at once before it lets one through to probe
     /// (seed 001: 5 s).
     pub breaker_open_ms: u64,
@@ -55,6 +57,7 @@ impl Default for ClusterConfig {
             route_cache_ms: 3_000,
             client_url: None,
             breaker_failures: 10,
+            breaker_span_ms: 1_000,
             breaker_open_ms: 5_000,
         }
     }
@@ -93,6 +96,7 @@ impl ClusterConfig {
     pub fn breaker(&self) -> crate::breaker::BreakerConfig {
         crate::breaker::BreakerConfig {
             failures: self.breaker_failures,
+            span: Duration::from_millis(self.breaker_span_ms),
             open_for: Duration::from_millis(self.breaker_open_ms),
         }
     }

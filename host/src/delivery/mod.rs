@@ -29,6 +29,7 @@ use crate::routing::bus::NodeBus;
 use crate::routing::rooms::{RoomDirectory, Rooms};
 use crate::routing::{Route, RouteTable};
 use crate::store::{ConversationStore, CursorStore, GroupStore, MessageStore};
+use crate::telemetry::Throttle;
 
 use cursors::CursorBuffer;
 use pull::SeqFrontier;
@@ -141,7 +142,10 @@ impl Delivery {
         // Every device of every member in one lookup; parked sessions are found even when
         // the route table cannot be read.
         let routes = self.reach.routes.devices_of(&members).await.unwrap_or_else(|error| {
-            tracing::warn!(%error, "route table unavailable for fan-out");
+            static ROUTES_DOWN: Throttle = Throttle::new();
+            if let Some(suppressed) = ROUTES_DOWN.allow() {
+                tracing::warn!(%error, suppressed, "route table unavailable for fan-out");
+            }
             HashMap::new()
         });
         // Each user once per node, however many of their devices it holds.
@@ -157,7 +161,10 @@ impl Delivery {
             let users = users.into_iter().collect();
             if let Err(error) = self.reach.bus.deliver(node, Arc::clone(&message), users).await {
                 // Stored: those devices pull it when they next sync or reconnect.
-                tracing::warn!(%error, "a node holding recipients could not be reached");
+                static NODE_DOWN: Throttle = Throttle::new();
+                if let Some(suppressed) = NODE_DOWN.allow() {
+                    tracing::warn!(%error, suppressed, "a node holding recipients could not be reached");
+                }
             }
         }
         metrics::counter!("herald_delivery_fanouts_total").increment(1);
@@ -168,7 +175,10 @@ impl Delivery {
     pub async fn deliver_here(self: &Arc<Self>, message: &Message, users: &[UserId]) {
         let users: Vec<UserId> = users.iter().cloned().collect::<BTreeSet<_>>().into_iter().collect();
         let routes = self.reach.routes.devices_of(&users).await.unwrap_or_else(|error| {
-            tracing::warn!(%error, "route table unavailable for delivery");
+            static ROUTES_DOWN: Throttle = Throttle::new();
+            if let Some(suppressed) = ROUTES_DOWN.allow() {
+                tracing::warn!(%error, suppressed, "route table unavailable for delivery");
+            }
             HashMap::new()
         });
         let wire = self.wire_for(message);
@@ -233,14 +243,20 @@ impl Delivery {
         let nodes = match self.reach.room_directory.nodes(&message.conversation).await {
             Ok(nodes) => nodes.into_iter().filter(|&node| node != self.reach.this_node).collect::<Vec<_>>(),
             Err(error) => {
-                tracing::warn!(%error, "room directory unavailable; other nodes' subscribers catch up from history");
+                static DIRECTORY_DOWN: Throttle = Throttle::new();
+                if let Some(suppressed) = DIRECTORY_DOWN.allow() {
+                    tracing::warn!(%error, suppressed, "room directory unavailable; other nodes' subscribers catch up from history");
+                }
                 return;
             }
         };
         if !nodes.is_empty()
             && let Err(error) = self.reach.bus.publish_room(&nodes, message).await
         {
-            tracing::warn!(%error, "a node with room subscribers could not be reached");
+            static NODE_DOWN: Throttle = Throttle::new();
+            if let Some(suppressed) = NODE_DOWN.allow() {
+                tracing::warn!(%error, suppressed, "a node with room subscribers could not be reached");
+            }
         }
     }
 

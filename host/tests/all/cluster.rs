@@ -354,7 +354,10 @@ async fn a_stalled_redis_fails_each_call_within_its_deadline() {
 async fn a_redis_that_keeps_failing_opens_the_breaker_then_calls_fail_at_once_until_it_answers_again() {
     let scratch = Scratch::new().await;
     let frozen = Arc::new(AtomicBool::new(false));
-    let breaker = Breaker::new("redis", BreakerConfig { failures: 3, open_for: Duration::from_millis(300) });
+    let breaker = Breaker::new(
+        "redis",
+        BreakerConfig { failures: 3, span: Duration::ZERO, open_for: Duration::from_millis(300) },
+    );
     let redis =
         connect(&partitionable_proxy(&scratch.url, Arc::clone(&frozen)).await).await.with_breaker(breaker.clone());
     let timeouts = RedisTimeouts { lookup: Duration::from_millis(50), write: Duration::from_secs(2) };

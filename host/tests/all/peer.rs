@@ -526,7 +526,7 @@ async fn a_peer_that_keeps_timing_out_opens_its_breaker_then_calls_fail_at_once_
     let quick = PeerTimeouts { forward_send: Duration::from_millis(200), ..timeouts() };
     let mut pair = Pair::start_with(secret(SECRET), quick).await;
     pair.bus = PeerBus::new(CALLER, secret(SECRET), Arc::clone(&pair.directory) as _, quick)
-        .with_breakers(BreakerConfig { failures: 3, open_for: Duration::from_millis(300) });
+        .with_breakers(BreakerConfig { failures: 3, span: Duration::ZERO, open_for: Duration::from_millis(300) });
     let breaker_of = |bus: &PeerBus| {
         let breakers = bus.breakers();
         assert_eq!(breakers.len(), 1, "one peer called: {breakers:?}");

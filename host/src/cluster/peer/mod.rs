@@ -46,7 +46,7 @@
 //! fail without waiting. A peer whose link opens but whose calls keep failing or timing out
 //! (paused, overloaded, cut off mid-stream) is caught by its circuit breaker
 //! ([`crate::breaker`], named `peer:<node>`): `cluster.breaker_failures` such calls in a row
-//! open it, calls then fail at once for `cluster.breaker_open_ms`, and the probe after that
+//! over at least `cluster.breaker_span_ms` open it, calls then fail at once for `cluster.breaker_open_ms`, and the probe after that
 //! goes over a fresh link. A refusal the peer answered with counts as an answer.
 //!
 //! Counters: `herald_cluster_peer_requests_total{kind, outcome}` for every call
