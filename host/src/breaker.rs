@@ -13,9 +13,9 @@
 //! counts of openings and refused calls, and a log line at each change.
 //!
 //! Cluster mode puts one on the node's Redis connection and one on each peer link. The
-//! membership lease's renewals bypass the Redis breaker on purpose: a lease must be
-//! renewed while Redis answers at all, and an open breaker there would fence a node that
-//! a few slow lookups had nothing to do with.
+//! membership lease's renewals go over a connection of their own with no breaker, on
+//! purpose: a lease must be renewed while Redis answers at all, and an open breaker there
+//! would fence a node that a few slow lookups had nothing to do with.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};

@@ -27,9 +27,8 @@
 //! deadline, so a Redis that stopped answering costs a send nothing but the seam's
 //! fallback (a route lookup counts the device as offline — it syncs; a dedup mark lets the
 //! send through to the unique index). An error Redis answered with (a script error, a
-//! wrong type) is an answer and does not count. The membership's lease calls use
-//! [`unguarded`](RedisConnection::unguarded), which skips the breaker: see
-//! [`crate::breaker`].
+//! wrong type) is an answer and does not count. The membership's lease has a connection of
+//! its own, without a breaker: see [`crate::breaker`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -148,13 +147,6 @@ impl RedisConnection {
     pub fn with_breaker(mut self, breaker: Breaker) -> Self {
         self.breaker = Some(breaker);
         self
-    }
-
-    /// The same connection with no breaker: every call is tried, whatever the others see.
-    /// For the membership lease alone, which must be renewed whenever Redis answers.
-    #[must_use]
-    pub fn unguarded(&self) -> Self {
-        Self { handle: self.handle.clone(), breaker: None }
     }
 
     /// The breaker guarding this connection, if any.

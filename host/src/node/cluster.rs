@@ -133,8 +133,14 @@ impl Cluster {
             virtual_nodes: settings.virtual_nodes,
             ..MembershipSettings::new(advertise).with_lease_ttl(settings.lease_ttl())
         };
-        // The lease bypasses the breaker (crate::breaker); every seam goes through it.
-        let membership = RedisMembership::join(redis.unguarded(), keys.clone(), membership_settings)
+        // The lease has a connection of its own, without a breaker (crate::breaker): its
+        // renewals must never queue behind the seams' traffic on a multiplexed socket (under
+        // overload they ran late there and fenced healthy nodes), nor be refused by a breaker
+        // a few slow lookups opened. Redis serves its clients in turn, so this one is heard.
+        let lease_redis = RedisConnection::connect(url, settings.lease_ttl())
+            .await
+            .map_err(|error| refuse(format!("cluster mode: {error}")))?;
+        let membership = RedisMembership::join(lease_redis, keys.clone(), membership_settings)
             .await
             .map_err(|error| refuse(error.to_string()))?;
         let redis = redis.with_breaker(Breaker::new("redis", settings.breaker()));

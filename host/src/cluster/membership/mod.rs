@@ -353,7 +353,8 @@ impl RedisMembership {
         let _ = heartbeat.await;
         let shared = &self.shared;
         shared.lease.give_up();
-        shared.publish_fence();
+        // Fenced from now on, as a lapsed lease is, but nothing went wrong: no error logged.
+        shared.fenced.send_replace(true);
         let known = shared.current.load().view.epoch;
         let (removed, listing) =
             shared.registry.leave(shared.node, &shared.holder, known, shared.settings.lease_ttl).await?;
