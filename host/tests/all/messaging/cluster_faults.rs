@@ -3,6 +3,8 @@
 //! per conversation, nothing appearing below what a reader already saw, and every device
 //! ending with every message.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use herald_host::store::Backend;
@@ -11,6 +13,7 @@ use herald_proto::v1::{self, frame::Body, send_ack::Status};
 use super::client::Client;
 use super::nodes::{History, LEASE_TTL_MS, Nodes, check_history};
 use super::{dm, uuid};
+use crate::redis_scratch::{partitionable_proxy, redis_url};
 
 /// How long a send may take to be accepted once its owner is gone: the lease lapsing, the
 /// ring moving, a pending dedup mark of the dead owner expiring.
@@ -246,5 +249,58 @@ async fn redis_losing_its_data_mid_traffic_loses_nothing() {
     }
     assert!(history.acked() > acked_before);
     every_reader_has_everything(&nodes, &writers, &history).await;
+    nodes.stop().await;
+}
+
+/// A node cut off from Redis keeps storing and acking sends (a dedup mark it cannot take
+/// leaves duplicates to the unique index), opens its breaker on Redis and says so in
+/// `/readyz` and `/metrics`, and closes it once Redis answers again; what it stored
+/// meanwhile reaches the recipient.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_redis_keeps_acking_sends_and_says_so_until_redis_answers_again() {
+    let cut = Arc::new(AtomicBool::new(false));
+    let proxied = partitionable_proxy(&redis_url(), Arc::clone(&cut)).await;
+    let nodes = Nodes::start_with(
+        1,
+        Backend::Postgres,
+        &[
+            ("CLUSTER__REDIS_URL", proxied.as_str()),
+            // The lease outlives the cut, so /readyz shows the breaker rather than the fence.
+            ("CLUSTER__LEASE_TTL_MS", "60000"),
+            ("CLUSTER__BREAKER_FAILURES", "3"),
+            ("CLUSTER__BREAKER_SPAN_MS", "0"),
+            ("CLUSTER__BREAKER_OPEN_MS", "2000"),
+        ],
+    )
+    .await;
+    let node = &nodes.nodes[0];
+    let mut ann = Client::connect(node, "ann", "phone").await;
+    assert_eq!(node.get("/readyz", None).await.status, 200);
+    let breaker_open =
+        async || node.get("/metrics", None).await.body.contains("herald_breaker_state{breaker=\"redis\"} 2");
+    assert!(!breaker_open().await);
+
+    cut.store(true, Ordering::SeqCst);
+    let mut stored = Vec::new();
+    for n in 0..5 {
+        stored.push(ann.send_ok(&dm("ann", "bob"), format!("while Redis is cut off {n}")).await.message_id);
+    }
+    let readyz = node.get("/readyz", None).await;
+    assert_eq!(readyz.status, 503, "{readyz:?}");
+    assert_eq!(readyz.json()["error"]["code"], "redis_unavailable", "{readyz:?}");
+    assert!(breaker_open().await, "{}", node.get("/metrics", None).await.body);
+
+    cut.store(false, Ordering::SeqCst);
+    nodes
+        .wait_until("the breaker to close once Redis answers", async || {
+            stored.push(ann.send_ok(&dm("ann", "bob"), "Redis is back").await.message_id);
+            node.get("/readyz", None).await.status == 200
+        })
+        .await;
+    assert!(!breaker_open().await);
+    let mut bob = Client::connect(node, "bob", "phone").await;
+    for id in stored {
+        bob.deliver_of(id).await;
+    }
     nodes.stop().await;
 }
