@@ -45,6 +45,20 @@ pub use messages::{Inserted, Submission};
 pub use repos::*;
 pub use seq_lease::{Fence, Lease, LeaseError, LeaseSql, OwnerClaim, SeqLeases, SeqRange};
 
+/// How long the server keeps a transaction of ours open while we send it nothing
+/// (PostgreSQL's `idle_in_transaction_session_timeout`, MariaDB's
+/// `idle_transaction_timeout`; MySQL has no such setting). Ours never wait on anything
+/// but the server, so one idle this long belongs to a process that was paused or cut off
+/// mid-commit: the server then ends its session and releases its locks. Without this, a
+/// paused former owner holding the shared lock of a commit on a conversation's
+/// `session_seq` row held the new owner's seq lease up until it was resumed (found by the
+/// paused-owner fault test); with it the new owner waits this long at most, and the
+/// zombie's commit fails, as the fence requires.
+pub const IDLE_TRANSACTION: Duration = Duration::from_secs(5);
+
+/// [`IDLE_TRANSACTION`] as MariaDB takes it (whole seconds).
+const MARIADB_IDLE_TRANSACTION: &str = "SET SESSION idle_transaction_timeout = 5";
+
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/mysql");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");
@@ -280,13 +294,26 @@ impl Database {
                     MySqlPoolOptions::new()
                         .max_connections(config.max_connections)
                         .acquire_timeout(config.connect_timeout)
+                        .after_connect(|connection, _| {
+                            Box::pin(async move {
+                                // MariaDB's name for it; MySQL has none and refuses the
+                                // variable, which changes nothing there.
+                                if let Err(error) = sqlx::Executor::execute(connection, MARIADB_IDLE_TRANSACTION).await
+                                {
+                                    tracing::debug!(%error, "no idle-transaction timeout on this server");
+                                }
+                                Ok(())
+                            })
+                        })
                         .connect_with(options)
                         .await?,
                 );
                 (pool.clone(), pool)
             }
             Backend::Postgres => {
-                let options = PgConnectOptions::from_str(url)?;
+                let idle = IDLE_TRANSACTION.as_millis().to_string();
+                let options =
+                    PgConnectOptions::from_str(url)?.options([("idle_in_transaction_session_timeout", idle.as_str())]);
                 let pool = Pool::Postgres(
                     PgPoolOptions::new()
                         .max_connections(config.max_connections)
