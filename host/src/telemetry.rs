@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -41,9 +41,10 @@ pub fn render() -> String {
     RECORDER.get().and_then(Option::as_ref).map(PrometheusHandle::render).unwrap_or_default()
 }
 
-/// Lets a warning through at most once per second: a dependency that is down fails every
-/// message, and one log line per message would bury the log (and cost the CPU the node
-/// needs). Put one in a `static` beside each such warning:
+/// Lets a repeated warning through at most once per period (a second unless given),
+/// counting the rest: a dependency that is down fails every message, and one log line per
+/// message would bury the log (and cost the CPU the node needs). Shared state, so it can
+/// live in a `static` beside the warning it guards:
 ///
 /// ```ignore
 /// static ROUTES_DOWN: Throttle = Throttle::new();
@@ -51,32 +52,53 @@ pub fn render() -> String {
 ///     tracing::warn!(%error, suppressed, "route table unavailable");
 /// }
 /// ```
+///
+/// Time is tokio's clock, so tests with paused time see it advance.
 pub struct Throttle {
-    /// When the last warning went through, in ms since [`START`]; `u64::MAX`: never.
+    /// The quiet time between two warnings, in ms.
+    every_ms: u64,
+    /// When the last warning went through, in ms since [`START`]; [`NEVER`]: not since
+    /// the start or the last [`cleared`](Self::cleared).
     last_ms: AtomicU64,
     /// Warnings held back since then.
     suppressed: AtomicU64,
 }
 
 /// The time [`Throttle`]s count from.
-static START: LazyLock<Instant> = LazyLock::new(Instant::now);
+static START: LazyLock<tokio::time::Instant> = LazyLock::new(tokio::time::Instant::now);
+
+/// No warning went through yet.
+const NEVER: u64 = u64::MAX;
 
 impl Throttle {
-    /// How long after one warning the next may go through.
-    const EVERY_MS: u64 = 1_000;
-
+    /// One warning per second.
     pub const fn new() -> Self {
-        Self { last_ms: AtomicU64::new(u64::MAX), suppressed: AtomicU64::new(0) }
+        Self::every(Duration::from_secs(1))
+    }
+
+    /// One warning per `every`.
+    pub const fn every(every: Duration) -> Self {
+        // Saturates: a period beyond u64 milliseconds is "once".
+        let every_ms = if every.as_millis() > u64::MAX as u128 { u64::MAX } else { every.as_millis() as u64 };
+        Self { every_ms, last_ms: AtomicU64::new(NEVER), suppressed: AtomicU64::new(0) }
     }
 
     /// `Some(how many were held back since the last one)` when this warning may go through.
     pub fn allow(&self) -> Option<u64> {
-        self.allow_at(u64::try_from(START.elapsed().as_millis()).unwrap_or(u64::MAX - 1))
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(*START).as_millis();
+        self.allow_at(u64::try_from(elapsed).unwrap_or(NEVER - 1))
+    }
+
+    /// The trouble is over: forgets the last warning (the next goes through at once);
+    /// `true` if any went through since the last call.
+    pub fn cleared(&self) -> bool {
+        self.suppressed.store(0, Ordering::Relaxed);
+        self.last_ms.swap(NEVER, Ordering::Relaxed) != NEVER
     }
 
     fn allow_at(&self, now_ms: u64) -> Option<u64> {
         let last = self.last_ms.load(Ordering::Relaxed);
-        let due = last == u64::MAX || now_ms.saturating_sub(last) >= Self::EVERY_MS;
+        let due = last == NEVER || now_ms.saturating_sub(last) >= self.every_ms;
         if due && self.last_ms.compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
             Some(self.suppressed.swap(0, Ordering::Relaxed))
         } else {
@@ -104,5 +126,18 @@ mod tests {
         assert_eq!(throttle.allow_at(6_000), Some(2), "the next one a second later says how many were held back");
         assert_eq!(throttle.allow_at(6_500), None);
         assert!(Throttle::new().allow().is_some(), "a new one lets the first through at any time");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttle_lets_one_complaint_through_per_period_and_counts_the_rest() {
+        let throttle = Throttle::every(Duration::from_secs(5));
+        assert_eq!(throttle.allow(), Some(0));
+        assert_eq!(throttle.allow(), None);
+        assert_eq!(throttle.allow(), None);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(throttle.allow(), Some(2));
+        assert!(throttle.cleared());
+        assert!(!throttle.cleared());
+        assert_eq!(throttle.allow(), Some(0));
     }
 }

@@ -63,41 +63,6 @@ impl LeaseClock {
     }
 }
 
-/// Lets a repeated complaint through at most once per `every`, counting the rest.
-#[derive(Debug)]
-pub(super) struct Throttle {
-    /// The quiet time between two logs.
-    every: Duration,
-    /// When a complaint was last let through.
-    last: Option<Instant>,
-    /// Complaints held back since then.
-    held_back: u64,
-}
-
-impl Throttle {
-    pub(super) fn new(every: Duration) -> Self {
-        Self { every, last: None, held_back: 0 }
-    }
-
-    /// `Some(complaints held back since the last one)` if this one may be logged.
-    pub(super) fn let_through(&mut self) -> Option<u64> {
-        let now = Instant::now();
-        if self.last.is_some_and(|last| now.duration_since(last) < self.every) {
-            self.held_back += 1;
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.held_back))
-    }
-
-    /// The trouble is over: `true` if any complaint was made since the last call.
-    pub(super) fn cleared(&mut self) -> bool {
-        let had = self.last.is_some();
-        (self.last, self.held_back) = (None, 0);
-        had
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,18 +105,5 @@ mod tests {
         clock.renewed(Instant::now());
         assert!(!clock.holds());
         assert_eq!(clock.valid_until(), None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_throttle_lets_one_complaint_through_per_period_and_counts_the_rest() {
-        let mut throttle = Throttle::new(Duration::from_secs(5));
-        assert_eq!(throttle.let_through(), Some(0));
-        assert_eq!(throttle.let_through(), None);
-        assert_eq!(throttle.let_through(), None);
-        tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(throttle.let_through(), Some(2));
-        assert!(throttle.cleared());
-        assert!(!throttle.cleared());
-        assert_eq!(throttle.let_through(), Some(0));
     }
 }

@@ -6,11 +6,11 @@ use std::sync::atomic::Ordering;
 
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::lease::Throttle;
 use super::registry::{self, Listing, Renewed};
 use super::{COMPLAIN_EVERY, Shared, Snapshot};
 use crate::routing::ring::Ring;
 use crate::routing::topology::RingView;
+use crate::telemetry::Throttle;
 
 /// What installing a listing did.
 pub(super) enum Installed {
@@ -30,7 +30,7 @@ impl Shared {
         let every = self.settings.heartbeat;
         let mut beats = tokio::time::interval_at(Instant::now() + every, every);
         beats.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut trouble = Throttle::new(COMPLAIN_EVERY);
+        let trouble = Throttle::every(COMPLAIN_EVERY);
         loop {
             self.fencing(beats.tick()).await;
             if self.paused.load(Ordering::SeqCst) {
@@ -65,7 +65,7 @@ impl Shared {
                     return;
                 }
                 Err(failure) => {
-                    if let Some(held_back) = trouble.let_through() {
+                    if let Some(held_back) = trouble.allow() {
                         tracing::warn!(node = %self.node, %failure, held_back, "cannot renew this node's lease");
                     }
                 }
@@ -101,7 +101,7 @@ impl Shared {
     pub(super) async fn follow_members(self: Arc<Self>) {
         let mut ticks = tokio::time::interval(self.settings.poll);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let (mut trouble, mut regress) = (Throttle::new(COMPLAIN_EVERY), Throttle::new(COMPLAIN_EVERY));
+        let (trouble, regress) = (Throttle::every(COMPLAIN_EVERY), Throttle::every(COMPLAIN_EVERY));
         loop {
             ticks.tick().await;
             match self.registry.view(self.settings.heartbeat).await {
@@ -110,7 +110,7 @@ impl Shared {
                         tracing::info!(node = %self.node, "cluster view refreshed again");
                     }
                     if let Installed::Older = self.install(&listing)
-                        && let Some(held_back) = regress.let_through()
+                        && let Some(held_back) = regress.allow()
                     {
                         let (seen, found) = (self.current.load().view.epoch, listing.epoch);
                         tracing::warn!(
@@ -123,7 +123,7 @@ impl Shared {
                     }
                 }
                 Err(failure) => {
-                    if let Some(held_back) = trouble.let_through() {
+                    if let Some(held_back) = trouble.allow() {
                         tracing::warn!(node = %self.node, %failure, held_back, "cannot refresh the cluster view; keeping the last one");
                     }
                 }
