@@ -80,6 +80,19 @@ fn places(found: &HashMap<UserId, Vec<Route>>, name: &str) -> Vec<(String, u32, 
     places
 }
 
+/// Looks `user` up until a lookup answers (within [`WAIT`]): after Redis was cut off, its
+/// held replies drain first, and a breaker waits out its open period.
+async fn once_lookups_work_again(table: &RedisRouteTable, user: &UserId) -> HashMap<UserId, Vec<Route>> {
+    let thawed = Instant::now();
+    loop {
+        match table.devices_of(std::slice::from_ref(user)).await {
+            Ok(found) => return found,
+            Err(error) => assert!(thawed.elapsed() < WAIT, "lookups never worked again: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn login_returns_the_replaced_route_and_logout_needs_the_current_connection() {
     let scratch = Scratch::new().await;
@@ -340,13 +353,7 @@ async fn a_stalled_redis_fails_each_call_within_its_deadline() {
     // Once Redis answers again, so does the same connection (its first answers may still
     // be late on a busy machine: the held replies drain first).
     frozen.store(false, Ordering::SeqCst);
-    let thawed = Instant::now();
-    let found = loop {
-        match table.devices_of(std::slice::from_ref(&ann)).await {
-            Ok(found) => break found,
-            Err(error) => assert!(thawed.elapsed() < WAIT, "lookups never worked again: {error}"),
-        }
-    };
+    let found = once_lookups_work_again(&table, &ann).await;
     assert_eq!(places(&found, "ann"), vec![("phone".to_owned(), 1, 1)]);
 }
 
@@ -383,14 +390,7 @@ async fn a_redis_that_keeps_failing_opens_the_breaker_then_calls_fail_at_once_un
 
     // Once Redis answers, the probe after the open period closes the breaker again.
     frozen.store(false, Ordering::SeqCst);
-    let thawed = Instant::now();
-    let found = loop {
-        match table.devices_of(std::slice::from_ref(&ann)).await {
-            Ok(found) => break found,
-            Err(error) => assert!(thawed.elapsed() < WAIT, "lookups never worked again: {error}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let found = once_lookups_work_again(&table, &ann).await;
     assert_eq!(places(&found, "ann"), vec![("phone".to_owned(), 1, 1)]);
     assert_eq!(breaker.state(), BreakerState::Closed);
 }
