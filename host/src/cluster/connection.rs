@@ -324,7 +324,10 @@ pub(crate) async fn within<T>(
     limit: Duration,
     call: impl Future<Output = Result<T, RedisError>>,
 ) -> Result<T, RedisFailure> {
-    match tokio::time::timeout(limit, call).await {
+    let started = std::time::Instant::now();
+    let outcome = tokio::time::timeout(limit, call).await;
+    metrics::histogram!("herald_redis_call_seconds", "what" => what).record(started.elapsed().as_secs_f64());
+    match outcome {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(source)) => Err(RedisFailure::Command { what, source }),
         Err(_) => Err(RedisFailure::Timeout { what, limit }),

@@ -39,7 +39,7 @@ impl PeerHandler for NodePeers {
     }
 
     async fn deliver(&self, message: Message, users: Vec<UserId>) {
-        self.delivery.deliver_here(&message, &users).await;
+        self.delivery.deliver_here(&message, &users);
     }
 
     async fn publish_room(&self, message: Message) {

@@ -87,6 +87,9 @@ impl Pipeline {
             }
         };
         let settled = self.settle(&lane, &message, ticket.wait().await).await;
+        if let Ok((_, outcome)) = &settled {
+            self.dedup.complete(sender, &message.client_msg_id, outcome.clone()).await;
+        }
         self.release(&lane).await;
         let (status, outcome) = settled?;
         Ok(Announced::stored(&outcome, status == herald_proto::v1::send_ack::Status::Duplicate))

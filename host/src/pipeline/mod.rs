@@ -273,7 +273,10 @@ impl Pipeline {
             }
         };
         let sender = request.origin.user.clone();
-        match self.dedup.try_mark(&sender, &client_msg_id).await {
+        let marking = Stage::start("mark");
+        let mark = self.dedup.try_mark(&sender, &client_msg_id).await;
+        marking.done();
+        match mark {
             Mark::Fresh => {}
             Mark::Stored(outcome) => return Admission::Done(stored(&request, Status::Duplicate, &outcome)),
             Mark::InFlight(original) => {
@@ -285,7 +288,10 @@ impl Pipeline {
                 }));
             }
         }
-        match self.queue(&request, client_msg_id.clone(), conversation, claim).await {
+        let queueing = Stage::start("queue");
+        let queued = self.queue(&request, client_msg_id.clone(), conversation, claim).await;
+        queueing.done();
+        match queued {
             Ok((lane, message, ticket)) => {
                 Admission::Wait(Box::pin(self.clone().finish(request, lane, message, ticket)))
             }
@@ -390,15 +396,32 @@ impl Pipeline {
         message: Message,
         ticket: Ticket,
     ) -> Settled {
+        let committing = Stage::start("commit");
         let outcome = ticket.wait().await;
-        let ack = match self.settle(&lane, &message, outcome).await {
-            Ok((status, outcome)) => stored(&request, status, &outcome),
+        committing.done();
+        let (ack, to_complete) = match self.settle(&lane, &message, outcome).await {
+            Ok((status, outcome)) => (stored(&request, status, &outcome), Some(outcome)),
             Err(error) => {
                 self.vitals.count_error();
-                refused(&request, &error)
+                (refused(&request, &error), None)
             }
         };
-        let fan_out: FanOut = Box::pin(async move { self.release(&lane).await }.instrument(tracing::Span::current()));
+        // The mark is completed once the ack is on its way, beside the fan-out: neither the
+        // ack nor the delivery waits for it. Meanwhile a duplicate finds the mark pending
+        // and waits for the stored ids, as it would for any send in flight.
+        let fan_out: FanOut = Box::pin(
+            async move {
+                let complete = async {
+                    if let Some(outcome) = to_complete {
+                        let completing = Stage::start("complete");
+                        self.dedup.complete(&message.sender, &message.client_msg_id, outcome).await;
+                        completing.done();
+                    }
+                };
+                futures_util::future::join(complete, self.release(&lane)).await;
+            }
+            .instrument(tracing::Span::current()),
+        );
         Settled { ack, fan_out: Some(fan_out) }
     }
 
@@ -459,8 +482,10 @@ impl Pipeline {
         SendError::Fenced
     }
 
-    /// Updates the dedup mark and the lane with a storage outcome: the status and ids to
-    /// answer with, or why it was not stored.
+    /// Updates the lane with a storage outcome: the status and ids to answer with, or why
+    /// it was not stored. A send not stored has its dedup mark cancelled here; a stored one
+    /// (new or a duplicate the unique index found) is the caller's to complete, with the
+    /// ids returned.
     async fn settle(
         &self,
         lane: &Lane,
@@ -470,7 +495,6 @@ impl Pipeline {
         match outcome {
             Ok(Inserted::New { id, seq }) => {
                 let stored = Outcome { message_id: id, seq, conversation: message.conversation.clone() };
-                self.dedup.complete(&message.sender, &message.client_msg_id, stored.clone()).await;
                 lane.finished(seq, Some(Arc::new(message.clone())));
                 metrics::counter!("herald_pipeline_messages_stored_total").increment(1);
                 Ok((Status::Ok, stored))
@@ -478,9 +502,7 @@ impl Pipeline {
             Ok(Inserted::Duplicate { id, seq, conversation }) => {
                 // Stored before the mark's TTL began: the seq we took is a gap.
                 lane.finished(message.seq, None);
-                let original = Outcome { message_id: id, seq, conversation };
-                self.dedup.complete(&message.sender, &message.client_msg_id, original.clone()).await;
-                Ok((Status::Duplicate, original))
+                Ok((Status::Duplicate, Outcome { message_id: id, seq, conversation }))
             }
             Err(error) => {
                 lane.finished(message.seq, None);
@@ -497,10 +519,35 @@ impl Pipeline {
 
     /// Fans out, in seq order, every stored message at the head of the lane.
     async fn release(&self, lane: &Lane) {
+        let releasing = Stage::start("release");
         let _in_order = lane.release.lock().await;
         for message in lane.releasable() {
+            let fanning = Stage::start("fan_out");
             self.delivery.fan_out(message).await;
+            fanning.done();
         }
+        releasing.done();
+    }
+}
+
+/// How long one step of a send took: `herald_send_stage_seconds{stage}`, so the tail of
+/// send → ack and send → deliver can be pinned on a step (`mark`: the dedup mark; `queue`:
+/// policy, seq and id; `commit`: waiting for the group commit; `complete`: completing the
+/// dedup mark, after the ack; `release`: the fan-out of a send, including waits for earlier ones of its
+/// conversation; `fan_out`: one message's fan-out).
+struct Stage {
+    name: &'static str,
+    started: std::time::Instant,
+}
+
+impl Stage {
+    fn start(name: &'static str) -> Self {
+        Self { name, started: std::time::Instant::now() }
+    }
+
+    fn done(self) {
+        metrics::histogram!("herald_send_stage_seconds", "stage" => self.name)
+            .record(self.started.elapsed().as_secs_f64());
     }
 }
 

@@ -276,3 +276,29 @@ async fn a_send_to_a_conversation_another_node_took_over_retries_until_the_ring_
     assert!(retried.ack.seq > taken.range.last, "seq {} not above {:?}", retried.ack.seq, taken.range);
     assert_eq!(kit.stored(DM).await.len(), 1);
 }
+
+/// The ack of a stored send does not wait for its dedup mark to be completed (that runs
+/// beside the fan-out); a retry arriving in between waits for the original and answers
+/// with its ids.
+#[tokio::test]
+async fn a_retry_arriving_between_the_ack_and_the_completed_mark_answers_with_the_original_ids() {
+    let kit = Kit::new().await;
+    let id = uuid();
+    let Admission::Wait(original) = kit.pipeline.admit(request("alice", "phone", DM, &id, "original")).await else {
+        panic!("a fresh send waits for its commit");
+    };
+    let settled = original.await;
+    assert_eq!(settled.ack.ack.status(), Status::Ok, "acked before the mark is completed");
+
+    let retry = request("alice", "phone", DM, &id, "original");
+    let Admission::Wait(duplicate) = kit.pipeline.admit(retry.clone()).await else {
+        panic!("the mark is still pending: the retry waits for the original")
+    };
+    let answer = tokio::spawn(duplicate);
+    settled.fan_out.expect("a stored send has a fan-out").await;
+
+    let duplicate = answer.await.expect("no panic").ack;
+    assert_answers(&duplicate, &retry, Status::Duplicate);
+    assert_eq!((duplicate.ack.message_id, duplicate.ack.seq), (settled.ack.ack.message_id, settled.ack.ack.seq));
+    assert_eq!(kit.stored(DM).await.len(), 1, "stored once");
+}

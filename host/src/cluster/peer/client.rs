@@ -194,7 +194,11 @@ impl PeerBus {
             }
         };
         // `answered`: whether the peer answered at all (the link works), for its breaker.
-        let (result, outcome, answered) = match tokio::time::timeout(deadline, exchange).await {
+        let started = std::time::Instant::now();
+        let exchanged = tokio::time::timeout(deadline, exchange).await;
+        metrics::histogram!("herald_cluster_peer_request_seconds", "kind" => kind.name())
+            .record(started.elapsed().as_secs_f64());
+        let (result, outcome, answered) = match exchanged {
             Ok(Ok(Ok(answer))) => (Ok(answer), "ok", Some(true)),
             Ok(Ok(Err(refused))) => (Err(refused), "failed", Some(true)),
             // A node that left the ring is no failure of its link.
