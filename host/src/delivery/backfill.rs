@@ -10,6 +10,10 @@ use super::{Delivery, wire_message};
 use crate::model::{ConversationId, ConversationKind, DeviceId, UserId};
 use crate::store::StoreError;
 
+/// Rounds of catching up on what fan-out offered during backfill before the session goes
+/// live regardless.
+const CATCH_UP_ROUNDS: u32 = 4;
+
 impl Delivery {
     /// Every conversation a device should follow, with its server-side cursor.
     pub(super) async fn device_conversations(
@@ -63,16 +67,37 @@ impl Delivery {
         if !self.push_after(&session, &mut positions).await {
             return;
         }
-        // Open the session to live pushes, then look again for anything stored before live
-        // pushes reached it: where fan-out found it not yet live, and (full backfill, or too
-        // many of those to note) every conversation, since one may have started meanwhile.
-        let owed = session.go_live();
-        for (conversation, lowest) in owed.iter().flatten() {
-            read_from(&mut positions, conversation.clone(), *lowest);
+        // Push what fan-out offered meanwhile (it found the session not live) before opening
+        // the session to live pushes, round after round until a round finds nothing new
+        // owed: a live push must not overtake an older message still to come from storage.
+        // A conversation busy enough to owe something every round goes live after the last
+        // round regardless, and what it owes is read just after.
+        let mut read_all = full;
+        for round in 1..=CATCH_UP_ROUNDS {
+            let owed = if round == CATCH_UP_ROUNDS {
+                session.go_live()
+            } else {
+                match session.go_live_if_nothing_owed() {
+                    Some(owed) => owed,
+                    None => break,
+                }
+            };
+            match owed {
+                Some(owed) => owed.iter().for_each(|(conversation, &lowest)| {
+                    read_from(&mut positions, conversation.clone(), lowest);
+                }),
+                // Too many conversations to note: read every one.
+                None => read_all = true,
+            }
+            if round < CATCH_UP_ROUNDS && !self.push_after(&session, &mut positions).await {
+                return;
+            }
         }
-        if (full || owed.is_none())
-            && let Ok(now) = self.device_conversations(&session.user, &session.device).await
-        {
+        // Live now. Look once more for anything stored before and never offered (a fan-out
+        // that read the routes from a cache before the login reached it): after a full
+        // backfill, or too many owed to note, in every conversation, since one may have
+        // started meanwhile.
+        if read_all && let Ok(now) = self.device_conversations(&session.user, &session.device).await {
             for (conversation, cursor) in now {
                 positions.entry(conversation).or_insert(cursor);
             }

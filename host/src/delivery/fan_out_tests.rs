@@ -53,8 +53,9 @@ impl RouteTable for CountingRoutes {
     }
 }
 
-/// Logs `user`'s `device` in on `node` (another node's connection).
-async fn connected_elsewhere(kit: &Kit, user: &str, device: &str, node: NodeId) {
+/// Logs `user`'s `device` in on `node` under a connection id no session of this node has:
+/// another node's connection, or (on this node) a route left behind.
+async fn logged_in_on(kit: &Kit, user: &str, device: &str, node: NodeId) {
     let route = Route {
         user: user_id(user),
         device: device_id(device),
@@ -139,11 +140,11 @@ async fn devices_on_other_nodes_are_reached_through_the_bus_with_exactly_their_u
     let members = ["alice", "bob", "carol", "dave", "erin"].map(user_id);
     kit.membership.create_group(&GroupId::parse("team").expect("valid"), &members, 0).await.expect("create group");
     let (_, bob_phone) = kit.connect("bob", "phone").await;
-    connected_elsewhere(&kit, "bob", "tablet", two).await;
-    connected_elsewhere(&kit, "carol", "laptop", two).await;
-    connected_elsewhere(&kit, "dave", "phone", three).await;
-    connected_elsewhere(&kit, "alice", "laptop", three).await;
-    connected_elsewhere(&kit, "frank", "phone", three).await; // not a member
+    logged_in_on(&kit, "bob", "tablet", two).await;
+    logged_in_on(&kit, "carol", "laptop", two).await;
+    logged_in_on(&kit, "dave", "phone", three).await;
+    logged_in_on(&kit, "alice", "laptop", three).await;
+    logged_in_on(&kit, "frank", "phone", three).await; // not a member
 
     kit.delivery.fan_out(message("grp:team", 9, "alice", "phone")).await;
 
@@ -165,8 +166,8 @@ async fn a_user_with_two_devices_on_another_node_is_named_once() {
     let bus = Arc::new(RecordingBus::default());
     let kit = Kit::with(Options { bus: Arc::clone(&bus) as _, ..Options::default() }).await;
     let two = NodeId(THIS_NODE.0 + 1);
-    connected_elsewhere(&kit, "bob", "phone", two).await;
-    connected_elsewhere(&kit, "bob", "tablet", two).await;
+    logged_in_on(&kit, "bob", "phone", two).await;
+    logged_in_on(&kit, "bob", "tablet", two).await;
 
     kit.delivery.fan_out(message("dm:alice:bob", 1, "alice", "phone")).await;
 
@@ -242,7 +243,7 @@ async fn a_delivery_from_another_node_reaches_only_the_named_users_devices_here(
     let (_, carol_phone) = kit.connect("carol", "phone").await;
     let sent = message("grp:team", 7, "alice", "phone");
 
-    kit.delivery.deliver_here(&sent, &[user_id("bob"), user_id("bob")]).await;
+    kit.delivery.deliver_here(&sent, &[user_id("bob"), user_id("bob")]);
 
     for (who, outbox) in [("bob/phone", &bob_phone), ("bob/tablet", &bob_tablet)] {
         let seqs = outbox.delivered_seqs();
@@ -252,31 +253,44 @@ async fn a_delivery_from_another_node_reaches_only_the_named_users_devices_here(
 }
 
 #[tokio::test]
-async fn a_route_of_this_node_whose_connection_is_gone_is_removed_when_a_delivery_finds_it() {
+async fn a_route_of_this_node_whose_connection_is_gone_is_removed_when_a_fan_out_finds_it() {
     let kit = Kit::new().await;
     let (_, bob_phone) = kit.connect("bob", "phone").await;
     // Left behind by a logout that failed (Redis down) or read from another node's cache.
-    let gone = Route {
-        user: user_id("bob"),
-        device: device_id("tablet"),
-        node: THIS_NODE,
-        connection: kit.connection_id(),
-        connected_at_ms: 0,
-    };
-    kit.routes.login(gone.clone()).await.expect("log in");
+    logged_in_on(&kit, "bob", "tablet", THIS_NODE).await;
 
-    kit.delivery.deliver_here(&message("grp:team", 7, "alice", "phone"), &[user_id("bob")]).await;
+    kit.delivery.fan_out(message("dm:alice:bob", 7, "alice", "phone")).await;
 
-    assert_eq!(bob_phone.delivered_seqs(), vec![("grp:team".to_owned(), 7)], "the live device still gets it");
-    let devices = || async {
-        let found = kit.routes.devices_of(&[user_id("bob")]).await.expect("lookup");
-        found[&user_id("bob")].iter().map(|route| route.device.to_string()).collect::<Vec<_>>()
+    assert_eq!(bob_phone.delivered_seqs(), vec![("dm:alice:bob".to_owned(), 7)], "the live device still gets it");
+    wait_for_devices(&kit, "bob", &["phone"]).await;
+}
+
+/// Another node sent a delivery here for a user with no connection here: the route it
+/// followed is stale, and the routes naming this node for that user are removed.
+#[tokio::test]
+async fn a_delivery_from_another_node_for_a_user_not_here_removes_their_stale_routes() {
+    let kit = Kit::new().await;
+    logged_in_on(&kit, "bob", "tablet", THIS_NODE).await;
+    logged_in_on(&kit, "bob", "phone", NodeId(THIS_NODE.0 + 1)).await;
+
+    kit.delivery.deliver_here(&message("grp:team", 7, "alice", "phone"), &[user_id("bob")]);
+
+    wait_for_devices(&kit, "bob", &["phone"]).await;
+}
+
+/// Waits until `user`'s devices in the route table are exactly `devices`.
+async fn wait_for_devices(kit: &Kit, user: &str, devices: &[&str]) {
+    let found = || async {
+        let found = kit.routes.devices_of(&[user_id(user)]).await.expect("lookup");
+        let mut names: Vec<String> = found[&user_id(user)].iter().map(|route| route.device.to_string()).collect();
+        names.sort();
+        names
     };
     for _ in 0..500 {
-        if devices().await == ["phone"] {
+        if found().await == devices {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    panic!("the stale route was never removed: {:?}", devices().await);
+    panic!("the stale route was never removed: {:?}", found().await);
 }

@@ -18,6 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use herald_proto::v1::{self, Frame};
 use tokio::sync::Semaphore;
 
@@ -157,14 +158,16 @@ impl Delivery {
         for user in &members {
             self.push_here(&message, wire.as_ref(), user, routes.get(user).map_or(&[], Vec::as_slice));
         }
-        for (node, users) in elsewhere {
-            let users = users.into_iter().collect();
-            if let Err(error) = self.reach.bus.deliver(node, Arc::clone(&message), users).await {
-                // Stored: those devices pull it when they next sync or reconnect.
-                static NODE_DOWN: Throttle = Throttle::new();
-                if let Some(suppressed) = NODE_DOWN.allow() {
-                    tracing::warn!(%error, suppressed, "a node holding recipients could not be reached");
-                }
+        // One hop per node, all at once.
+        let hops = elsewhere.into_iter().map(|(node, users)| {
+            let message = Arc::clone(&message);
+            async move { self.reach.bus.deliver(node, message, users.into_iter().collect()).await }
+        });
+        for error in join_all(hops).await.into_iter().filter_map(Result::err) {
+            // Stored: those devices pull it when they next sync or reconnect.
+            static NODE_DOWN: Throttle = Throttle::new();
+            if let Some(suppressed) = NODE_DOWN.allow() {
+                tracing::warn!(%error, suppressed, "a node holding recipients could not be reached");
             }
         }
         metrics::counter!("herald_delivery_fanouts_total").increment(1);
@@ -172,19 +175,37 @@ impl Delivery {
 
     /// Pushes `message` to the devices of `users` connected to this node (another node's
     /// fan-out, arriving over the bus); a user named twice is pushed to once.
-    pub async fn deliver_here(self: &Arc<Self>, message: &Message, users: &[UserId]) {
-        let users: Vec<UserId> = users.iter().cloned().collect::<BTreeSet<_>>().into_iter().collect();
-        let routes = self.reach.routes.devices_of(&users).await.unwrap_or_else(|error| {
-            static ROUTES_DOWN: Throttle = Throttle::new();
-            if let Some(suppressed) = ROUTES_DOWN.allow() {
-                tracing::warn!(%error, suppressed, "route table unavailable for delivery");
-            }
-            HashMap::new()
-        });
+    ///
+    /// The devices are this node's own sessions of those users: no route lookup. A user
+    /// named with no session here at all was sent here by a stale route (from the sender's
+    /// cache, or left behind by a failed logout): the routes naming this node for that user
+    /// are then looked up and those without a connection removed, in the background.
+    pub fn deliver_here(self: &Arc<Self>, message: &Message, users: &[UserId]) {
+        let users: BTreeSet<&UserId> = users.iter().collect();
         let wire = self.wire_for(message);
-        for user in &users {
-            self.push_here(message, wire.as_ref(), user, routes.get(user).map_or(&[], Vec::as_slice));
+        let mut absent = Vec::new();
+        for user in users {
+            let connected = self.reach.sessions.of_user(user);
+            if !self.push_to_sessions(message, wire.as_ref(), user, connected) {
+                absent.push(user.clone());
+            }
         }
+        if !absent.is_empty() {
+            self.forget_stale_routes_of(absent);
+        }
+    }
+
+    /// Removes the routes of `users` that name this node but no connection of it.
+    fn forget_stale_routes_of(self: &Arc<Self>, users: Vec<UserId>) {
+        let delivery = Arc::clone(self);
+        tokio::spawn(async move {
+            let Ok(routes) = delivery.reach.routes.devices_of(&users).await else { return };
+            for route in routes.into_values().flatten() {
+                if route.node == delivery.reach.this_node && delivery.reach.sessions.get(route.connection).is_none() {
+                    delivery.forget_stale(route);
+                }
+            }
+        });
     }
 
     /// Removes a route found stale, if it still names that connection, and drops every
@@ -210,10 +231,9 @@ impl Delivery {
     /// this node: those connected (of `routes`) and those dropped within the grace period,
     /// which note it as owed for their return.
     fn push_here(self: &Arc<Self>, message: &Message, wire: Option<&v1::Message>, user: &UserId, routes: &[Route]) {
-        let sessions = &self.reach.sessions;
         let mut connected = Vec::with_capacity(routes.len());
         for route in routes.iter().filter(|route| route.node == self.reach.this_node) {
-            match sessions.get(route.connection) {
+            match self.reach.sessions.get(route.connection) {
                 Some(session) => connected.push(session),
                 // A session is in place before its route is written and removed only after
                 // its route was, so a route of this node without one names a connection
@@ -221,7 +241,23 @@ impl Delivery {
                 None => self.forget_stale(route.clone()),
             }
         }
-        for session in connected.into_iter().chain(sessions.parked_of(user)) {
+        // Whether any was found matters only for a delivery from another node.
+        self.push_to_sessions(message, wire, user, connected);
+    }
+
+    /// Pushes `message` to `connected` (sessions of `user` on this node) and notes it as
+    /// owed by `user`'s parked ones; the sending device is skipped. Returns whether `user`
+    /// has any session here, open or parked.
+    fn push_to_sessions(
+        self: &Arc<Self>,
+        message: &Message,
+        wire: Option<&v1::Message>,
+        user: &UserId,
+        connected: Vec<Arc<Session>>,
+    ) -> bool {
+        let mut found = false;
+        for session in connected.into_iter().chain(self.reach.sessions.parked_of(user)) {
+            found = true;
             if message.is_from(&session.user, &session.device) {
                 continue;
             }
@@ -235,6 +271,7 @@ impl Delivery {
                 }
             }
         }
+        found
     }
 
     /// A room message: to this node's subscribers, and to the other nodes with subscribers.

@@ -167,6 +167,19 @@ impl Session {
         (!std::mem::take(&mut ledger.overflowed)).then_some(owed)
     }
 
+    /// Lets live pushes through only if nothing was offered since the last look; otherwise
+    /// stays closed to them and returns what was, as [`go_live`](Self::go_live) does, for
+    /// backfill to push first (so that no live push overtakes an older message).
+    pub fn go_live_if_nothing_owed(&self) -> Option<Option<HashMap<ConversationId, u64>>> {
+        let mut ledger = self.ledger();
+        if ledger.owed.is_empty() && !ledger.overflowed {
+            self.live.store(true, Ordering::SeqCst);
+            return None;
+        }
+        let owed = std::mem::take(&mut ledger.owed);
+        Some((!std::mem::take(&mut ledger.overflowed)).then_some(owed))
+    }
+
     /// Records a cumulative ack; returns whether it moved the device's position forward.
     pub fn record_ack(&self, conversation: &ConversationId, seq: u64) -> bool {
         let mut acked = self.acked.lock().unwrap_or_else(|p| p.into_inner());
@@ -316,6 +329,25 @@ mod tests {
         let user = UserId::parse("bob").expect("user");
         let device = DeviceId::parse("phone").expect("device");
         Session::new(ConnectionId(1), user, device, Arc::new(Sink))
+    }
+
+    #[test]
+    fn a_session_owing_messages_stays_closed_to_live_pushes_until_they_are_read() {
+        let connection = Arc::new(connection());
+        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
+        assert!(connection.offer(&dm, 3).is_none(), "offered during backfill: owed");
+        assert!(connection.offer(&dm, 4).is_none());
+
+        let owed = connection.go_live_if_nothing_owed().expect("something is owed").expect("noted");
+        assert_eq!(owed, [(dm.clone(), 3)].into_iter().collect(), "read from the lowest seq owed");
+        assert!(!connection.is_live(), "not live while 3 and 4 are still to be pushed from storage");
+        assert!(connection.offer(&dm, 5).is_none(), "a later message is owed too, not pushed ahead of them");
+
+        let owed = connection.go_live_if_nothing_owed().expect("5 is owed").expect("noted");
+        assert_eq!(owed, [(dm.clone(), 5)].into_iter().collect());
+        assert!(connection.go_live_if_nothing_owed().is_none(), "nothing new owed: live");
+        assert!(connection.is_live());
+        assert!(connection.offer(&dm, 6).is_some(), "pushed live from now on");
     }
 
     #[test]

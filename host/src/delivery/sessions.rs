@@ -1,4 +1,5 @@
-//! The sessions of this node: open ones by connection id, dropped ones parked by user.
+//! The sessions of this node: open ones by connection id and by user, dropped ones parked
+//! by user.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,11 +9,14 @@ use dashmap::DashMap;
 use super::session::Session;
 use crate::model::{ConnectionId, DeviceId, UserId};
 
-/// The sessions of this node's connections, by id, and the dropped ones parked for their
-/// device's return (by user).
+/// The sessions of this node's connections, by id and by user, and the dropped ones parked
+/// for their device's return (by user).
 #[derive(Default)]
 pub struct Sessions {
     by_id: DashMap<ConnectionId, Arc<Session>>,
+    /// The open connections of each user: a delivery handed over by another node finds its
+    /// devices here without asking the route table.
+    by_user: DashMap<UserId, Vec<ConnectionId>>,
     parked: DashMap<UserId, Vec<Arc<Session>>>,
     /// How many are parked (so fan-out skips the lookup when none is).
     parked_count: AtomicUsize,
@@ -20,11 +24,26 @@ pub struct Sessions {
 
 impl Sessions {
     pub fn insert(&self, connection: Arc<Session>) {
+        self.by_user.entry(connection.user.clone()).or_default().push(connection.id);
         self.by_id.insert(connection.id, connection);
     }
 
     pub fn remove(&self, id: ConnectionId) {
-        self.by_id.remove(&id);
+        let Some((_, session)) = self.by_id.remove(&id) else { return };
+        if let Some(mut ids) = self.by_user.get_mut(&session.user) {
+            ids.retain(|&other| other != id);
+            let now_empty = ids.is_empty();
+            drop(ids);
+            if now_empty {
+                self.by_user.remove_if(&session.user, |_, ids| ids.is_empty());
+            }
+        }
+    }
+
+    /// The open sessions of `user` on this node.
+    pub fn of_user(&self, user: &UserId) -> Vec<Arc<Session>> {
+        let Some(ids) = self.by_user.get(user) else { return Vec::new() };
+        ids.iter().filter_map(|id| self.get(*id)).collect()
     }
 
     pub fn get(&self, id: ConnectionId) -> Option<Arc<Session>> {
@@ -88,5 +107,40 @@ impl Sessions {
     /// How many are parked.
     pub fn parked_len(&self) -> usize {
         self.parked_count.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{RecordingOutbox, device_id, user_id};
+
+    fn session(id: u64, user: &str, device: &str) -> Arc<Session> {
+        Arc::new(Session::new(ConnectionId(id), user_id(user), device_id(device), RecordingOutbox::new() as _))
+    }
+
+    fn ids_of(sessions: &Sessions, user: &str) -> Vec<u64> {
+        let mut ids: Vec<u64> = sessions.of_user(&user_id(user)).iter().map(|session| session.id.0).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn a_users_open_sessions_are_found_until_each_is_removed() {
+        let sessions = Sessions::default();
+        sessions.insert(session(1, "bob", "phone"));
+        sessions.insert(session(2, "bob", "tablet"));
+        sessions.insert(session(3, "carol", "phone"));
+        assert_eq!(ids_of(&sessions, "bob"), [1, 2]);
+        assert_eq!(ids_of(&sessions, "carol"), [3]);
+
+        sessions.remove(ConnectionId(1));
+        assert_eq!(ids_of(&sessions, "bob"), [2]);
+        sessions.remove(ConnectionId(2));
+        sessions.remove(ConnectionId(2));
+        sessions.remove(ConnectionId(9));
+        assert!(ids_of(&sessions, "bob").is_empty());
+        assert!(!sessions.by_user.contains_key(&user_id("bob")), "no empty entry is left behind");
+        assert_eq!(ids_of(&sessions, "carol"), [3]);
     }
 }

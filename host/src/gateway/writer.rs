@@ -1,4 +1,5 @@
-//! The writer side of a connection: the only task that writes to its socket.
+//! The writer side of a connection: the only task that writes to its socket. Frames queued
+//! together are written together, with one flush.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,13 +49,32 @@ pub(super) async fn write_loop(
             },
             _ = ping.tick() => Frame::new(0, v1::Ping { time_ms: clock.now_ms() }),
         };
-        let Some(message) = to_message(&outgoing, encoding) else { continue };
-        if sink.send(message).await.is_err() {
+        // Whatever else is queued by now goes out with it, in one flush (one write to the
+        // socket, not one per frame).
+        let mut batch = 0;
+        let mut next = Some(outgoing);
+        let mut written = Ok(());
+        while let Some(frame) = next.take() {
+            if let Some(message) = to_message(&frame, encoding) {
+                written = sink.feed(message).await;
+                if written.is_err() {
+                    break;
+                }
+            }
+            batch += 1;
+            if batch < MAX_FRAMES_PER_FLUSH {
+                next = queued.try_recv().ok();
+            }
+        }
+        if written.is_err() || sink.flush().await.is_err() {
             connection.close(CloseReason::normal());
             return;
         }
     }
 }
+
+/// Most frames written before one flush: bounds how long the first waits.
+const MAX_FRAMES_PER_FLUSH: usize = 64;
 
 /// `frame` as a WebSocket message in the connection's encoding (`None`, logged, if it
 /// cannot be encoded).
