@@ -67,6 +67,8 @@ enum SessionEnd {
     Fatal(String),
     /// The connection was lost; reconnect, after this long if the server said so.
     Lost(String, Option<Duration>),
+    /// The server is going away: reconnect after this long, to this URL if it named one.
+    Redirected(Option<Duration>, Option<String>),
 }
 
 /// How long a time-limited step may take.
@@ -105,13 +107,15 @@ async fn main() -> ExitCode {
     }
     let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
     let mut stdin_open = true;
+    // Where the next connection goes: --url, or the node a draining server named.
+    let mut url = args.url.clone();
     loop {
-        let wait = match connect(&args, encoding, &token).await {
+        let wait = match connect(&args, &url, encoding, &token).await {
             Ok((connection, connected)) => {
                 backoff.reset();
                 println!(
-                    "connected to {} as {} (device {}); type /help for commands",
-                    args.url, connected.user_id, connected.device_id
+                    "connected to {url} as {} (device {}); type /help for commands",
+                    connected.user_id, connected.device_id
                 );
                 let end = session(connection, &connected, &mut chat, &mut lines, &mut stdin_open).await;
                 match end {
@@ -124,9 +128,17 @@ async fn main() -> ExitCode {
                         println!("(disconnected: {message})");
                         wait
                     }
+                    SessionEnd::Redirected(wait, to) => {
+                        if let Some(to) = to {
+                            url = to;
+                        }
+                        wait
+                    }
                 }
             }
             Err(error) => {
+                // The node a draining server named may be gone too: back to --url.
+                url.clone_from(&args.url);
                 if let Some(message) = fatal(&error) {
                     eprintln!("herald-chat: {message}");
                     return ExitCode::FAILURE;
@@ -147,8 +159,13 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn connect(args: &Args, encoding: Encoding, token: &str) -> Result<(Connection, v1::Connected), ConnectionError> {
-    let mut connection = Connection::open(&args.url, encoding, STEP_TIMEOUT).await?;
+async fn connect(
+    args: &Args,
+    url: &str,
+    encoding: Encoding,
+    token: &str,
+) -> Result<(Connection, v1::Connected), ConnectionError> {
+    let mut connection = Connection::open(url, encoding, STEP_TIMEOUT).await?;
     let connected = connection.login(token, &args.device, "herald-chat", STEP_TIMEOUT).await?;
     Ok((connection, connected))
 }
@@ -276,7 +293,7 @@ async fn apply(
     if effects.quit && quit_by.is_none() {
         *quit_by = Some(now + QUIT_GRACE);
     }
-    effects.reconnect_after.map(|wait| SessionEnd::Lost("the server is going away".to_owned(), Some(wait)))
+    effects.reconnect_after.map(|wait| SessionEnd::Redirected(Some(wait), effects.reconnect_url))
 }
 
 /// Waits `delay` before reconnecting while still taking typed lines; `true` if the user

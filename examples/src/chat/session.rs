@@ -36,6 +36,8 @@ pub struct Effects {
     pub retry: Vec<(Duration, String)>,
     /// The server asked us to reconnect after this long (`go_away`).
     pub reconnect_after: Option<Duration>,
+    /// ... and to another node, at this URL (`go_away.reconnect_url`; `None`: the same).
+    pub reconnect_url: Option<String>,
     /// The user asked to leave.
     pub quit: bool,
 }
@@ -291,14 +293,19 @@ impl ChatState {
             Some(Body::Ping(ping)) => {
                 Effects { send: vec![Frame::new(frame.rid, v1::Pong { time_ms: ping.time_ms })], ..Effects::default() }
             }
-            Some(Body::GoAway(go_away)) => Effects {
-                print: vec![format!(
-                    "(server is going away: {}; reconnecting in {} ms)",
-                    go_away.reason, go_away.reconnect_after_ms
-                )],
-                reconnect_after: Some(Duration::from_millis(u64::from(go_away.reconnect_after_ms))),
-                ..Effects::default()
-            },
+            Some(Body::GoAway(go_away)) => {
+                let reconnect_url = Some(go_away.reconnect_url).filter(|url| !url.is_empty());
+                let to = reconnect_url.as_deref().map(|url| format!(" to {url}")).unwrap_or_default();
+                Effects {
+                    print: vec![format!(
+                        "(server is going away: {}; reconnecting{to} in {} ms)",
+                        go_away.reason, go_away.reconnect_after_ms
+                    )],
+                    reconnect_after: Some(Duration::from_millis(u64::from(go_away.reconnect_after_ms))),
+                    reconnect_url,
+                    ..Effects::default()
+                }
+            }
             Some(Body::Error(error)) => {
                 Effects::print(format!("! server error {} (request {}): {}", error.code, error.rid, error.message))
             }
@@ -559,5 +566,24 @@ mod tests {
         let mut chat = ChatState::new("alice", false);
         let effects = chat.on_frame(Frame::new(9, v1::Ping { time_ms: 5 }));
         assert_eq!(effects.send, [Frame::new(9, v1::Pong { time_ms: 5 })]);
+    }
+
+    #[test]
+    fn go_away_naming_another_node_reconnects_there() {
+        let mut chat = ChatState::new("alice", false);
+        let away = |url: &str| {
+            Frame::new(
+                0,
+                v1::GoAway { reason: "draining".to_owned(), reconnect_after_ms: 250, reconnect_url: url.to_owned() },
+            )
+        };
+
+        let elsewhere = chat.on_frame(away("ws://127.0.0.1:7080/v1/ws"));
+        assert_eq!(elsewhere.reconnect_after, Some(Duration::from_millis(250)));
+        assert_eq!(elsewhere.reconnect_url.as_deref(), Some("ws://127.0.0.1:7080/v1/ws"));
+        assert!(elsewhere.print[0].contains("to ws://127.0.0.1:7080/v1/ws"), "{:?}", elsewhere.print);
+
+        let same = chat.on_frame(away(""));
+        assert_eq!(same.reconnect_url, None, "no URL: the same server");
     }
 }
