@@ -285,3 +285,71 @@ fn hash_tags_follow_redis_cluster_rules() {
     assert_eq!(hash_tag("plain"), "plain");
     assert_eq!(hash_tag("x{open"), "x{open");
 }
+
+/// A Redis server of one test's own (Debian's `redis-server`, on a free loopback port,
+/// keeping nothing on disk), so that the test may kill and restart it: a restart is a new
+/// process on the same port with no data. Killed on drop.
+pub struct PrivateRedis {
+    port: u16,
+    process: Mutex<std::process::Child>,
+}
+
+impl PrivateRedis {
+    /// Starts one and waits until it answers, or fails the test saying why.
+    pub fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port")
+            .port();
+        Self { port, process: Mutex::new(Self::spawn(port)) }
+    }
+
+    /// `redis://` URL of this server.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// `kill -9` of the server, then a new empty one on the same port.
+    pub fn restart(&self) {
+        let mut process = self.process.lock().expect("the server's process");
+        let _ = process.kill();
+        let _ = process.wait();
+        *process = Self::spawn(self.port);
+    }
+
+    /// Every key starting with `prefix`.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        scan(&mut plain(&self.url()).expect("a connection to the test's Redis"), prefix).expect("SCAN")
+    }
+
+    fn spawn(port: u16) -> std::process::Child {
+        let port_arg = port.to_string();
+        let process = std::process::Command::new("redis-server")
+            .args(["--port", &port_arg, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!("cannot start redis-server ({error}); install Debian's redis-server (scripts/services.sh)")
+            });
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let answered = plain(&url).and_then(|mut redis| redis::cmd("PING").query::<String>(&mut redis));
+            match answered {
+                Ok(_) => return process,
+                Err(error) if std::time::Instant::now() > deadline => {
+                    panic!("redis-server on port {port} did not answer within 10 s: {error}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let process = self.process.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = process.kill();
+        let _ = process.wait();
+    }
+}

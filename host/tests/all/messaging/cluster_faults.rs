@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use herald_host::routing::ring::{DEFAULT_VIRTUAL_NODES, Ring};
 use herald_host::store::Backend;
 use herald_proto::v1::{self, frame::Body, send_ack::Status};
 
 use super::client::Client;
 use super::nodes::{History, LEASE_TTL_MS, Nodes, check_history};
 use super::{dm, uuid};
-use crate::redis_scratch::{partitionable_proxy, redis_url};
+use crate::redis_scratch::{PrivateRedis, partitionable_proxy, redis_url};
 
 /// How long a send may take to be accepted once its owner is gone: the lease lapsing, the
 /// ring moving, a pending dedup mark of the dead owner expiring.
@@ -79,9 +80,13 @@ impl Writer {
 
 /// Writers on every node, each with a dm to a reader; `owner_killed` owns some of them.
 async fn writers(nodes: &Nodes, count: usize) -> Vec<(Writer, String, String)> {
+    writers_of(nodes, (0..count).map(|n| (format!("w{n}"), format!("r{n}")))).await
+}
+
+/// A writer for each (user, reader) pair, on the nodes in turn, with their dm.
+async fn writers_of(nodes: &Nodes, pairs: impl IntoIterator<Item = (String, String)>) -> Vec<(Writer, String, String)> {
     let mut writers = Vec::new();
-    for n in 0..count {
-        let (user, reader) = (format!("w{n}"), format!("r{n}"));
+    for (n, (user, reader)) in pairs.into_iter().enumerate() {
         let writer = Writer::connect(nodes, &user, n % nodes.nodes.len()).await;
         writers.push((writer, dm(&user, &reader), reader));
     }
@@ -154,12 +159,66 @@ async fn kill9_of_a_node_mid_traffic_loses_nothing_on_mariadb() {
     kill9_of_a_node_mid_traffic(Backend::MySql).await;
 }
 
+/// A fourth node (its id pinned, so the test knows the ring it makes) joins mid-traffic:
+/// the conversations the ring gives it move to it, its sends are stored there above
+/// everything stored before, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joining_mid_traffic_takes_over_its_share_and_loses_nothing() {
+    const NEW_NODE: u32 = 900;
+    let mut nodes = Nodes::start(3, Backend::Postgres).await;
+    let mut ids = vec![nodes.node_id(0).await, nodes.node_id(1).await, nodes.node_id(2).await];
+    ids.push(u64::from(NEW_NODE));
+    let ids: Vec<u32> = ids.into_iter().map(|id| u32::try_from(id).expect("a node id")).collect();
+    let after = Ring::new(&ids, DEFAULT_VIRTUAL_NODES);
+    // Four conversations the new node takes over and four it does not.
+    let (mut moving, mut staying) = (Vec::new(), Vec::new());
+    for n in 0.. {
+        let (user, reader) = (format!("j{n}"), format!("k{n}"));
+        let conversation = dm(&user, &reader);
+        let list = if after.owner(&conversation) == Some(NEW_NODE) { &mut moving } else { &mut staying };
+        if list.len() < 4 {
+            list.push((user, conversation, reader));
+        }
+        if moving.len() == 4 && staying.len() == 4 {
+            break;
+        }
+    }
+    let pairs = moving.iter().chain(&staying).map(|(user, _, reader)| (user.clone(), reader.clone()));
+    let mut writers = writers_of(&nodes, pairs).await;
+    let mut history = History::default();
+    traffic_through(&mut nodes, &mut writers, 5, &mut history, async |_| {}).await;
+    traffic_through(&mut nodes, &mut writers, 5, &mut history, async |nodes: &mut Nodes| {
+        let joining = nodes.options().set("NODE_ID", NEW_NODE).start().await;
+        nodes.nodes.push(joining);
+    })
+    .await;
+    nodes.wait_for_members(4).await;
+    traffic_through(&mut nodes, &mut writers, 5, &mut history, async |_| {}).await;
+    assert_eq!(history.acked(), 8 * 15);
+
+    for (user, conversation, _) in &moving {
+        let route = nodes.nodes[0]
+            .get(&format!("/admin/route?user={user}&conversation={conversation}"), Some(super::server::DEV_KEY))
+            .await
+            .json();
+        assert_eq!(route["owner"], NEW_NODE, "{conversation}: {route}");
+    }
+    let stored_there = nodes.nodes[3].get("/metrics", None).await.body;
+    let stored: f64 = stored_there
+        .lines()
+        .find_map(|line| line.strip_prefix("herald_pipeline_messages_stored_total "))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(stored >= 4.0 * 5.0, "the new node stored its conversations' sends as their owner: {stored}");
+    every_reader_has_everything(&nodes, &writers, &history).await;
+    nodes.stop().await;
+}
+
 /// SIGSTOP of the owner of a conversation for longer than its lease: another node takes
 /// the conversation over; after SIGCONT the paused node must not commit anything as its
 /// owner (nothing appears below what readers already saw), and it stops by itself.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_owner_resumed_after_its_lease_lapsed_commits_nothing() {
-    let mut nodes = Nodes::start(3, Backend::Postgres).await;
+async fn a_paused_owner_resumed_after_its_lease_lapsed_commits_nothing(backend: Backend) {
+    let mut nodes = Nodes::start(3, backend).await;
     let mut writers = writers(&nodes, 6).await;
     let mut history = History::default();
     traffic_through(&mut nodes, &mut writers, 3, &mut history, async |_| {}).await;
@@ -205,31 +264,36 @@ async fn a_paused_owner_resumed_after_its_lease_lapsed_commits_nothing() {
     nodes.stop().await;
 }
 
-/// Redis forgets everything mid-traffic (FLUSHALL of this deployment's keys): the nodes
-/// re-assert their leases, routes and rooms, and traffic goes on with nothing lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_losing_its_data_mid_traffic_loses_nothing() {
-    let mut nodes = Nodes::start(3, Backend::Postgres).await;
+async fn a_paused_owner_resumed_after_its_lease_lapsed_commits_nothing_on_postgres() {
+    a_paused_owner_resumed_after_its_lease_lapsed_commits_nothing(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_resumed_after_its_lease_lapsed_commits_nothing_on_mariadb() {
+    a_paused_owner_resumed_after_its_lease_lapsed_commits_nothing(Backend::MySql).await;
+}
+
+/// Redis loses its data mid-traffic (`lose`): the nodes re-assert their leases, routes and
+/// rooms (`routes_written` counts the readers' routes back in Redis), traffic goes on with
+/// nothing lost, and what is sent once the routes are back is pushed live to readers that
+/// stayed connected throughout.
+async fn redis_data_lost_mid_traffic(
+    mut nodes: Nodes,
+    lose: impl AsyncFnOnce(&mut Nodes),
+    routes_written: impl Fn(&Nodes) -> usize,
+) {
     let mut writers = writers(&nodes, 6).await;
     let mut history = History::default();
-    // Readers stay connected throughout: their routes must come back.
     let mut readers = Vec::new();
     for (n, (_, conversation, reader)) in writers.iter().enumerate() {
         readers.push((Client::connect(&nodes.nodes[(n + 1) % 3], reader, "live").await, conversation.clone()));
     }
-    traffic_through(&mut nodes, &mut writers, 5, &mut history, async |nodes: &mut Nodes| {
-        nodes.redis.forget_everything();
-    })
-    .await;
-    nodes
-        .wait_until("the routes to be written again", async || {
-            nodes.redis.keys_written().iter().filter(|key| key.starts_with("route:{u:r")).count() == 6
-        })
-        .await;
+    traffic_through(&mut nodes, &mut writers, 5, &mut history, lose).await;
+    nodes.wait_until("the routes to be written again", async || routes_written(&nodes) == 6).await;
     nodes.wait_for_members(3).await;
     let acked_before = history.acked();
     traffic_through(&mut nodes, &mut writers, 5, &mut history, async |_| {}).await;
-    // Messages sent after the routes came back are pushed live to the readers.
     for (reader, conversation) in &mut readers {
         let stored = reader.whole_history(conversation).await;
         history.check(conversation, &stored);
@@ -250,6 +314,25 @@ async fn redis_losing_its_data_mid_traffic_loses_nothing() {
     assert!(history.acked() > acked_before);
     every_reader_has_everything(&nodes, &writers, &history).await;
     nodes.stop().await;
+}
+
+/// Redis forgets everything mid-traffic (FLUSHALL of this deployment's keys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_losing_its_data_mid_traffic_loses_nothing() {
+    let nodes = Nodes::start(3, Backend::Postgres).await;
+    let routes = |nodes: &Nodes| nodes.redis.keys_written().iter().filter(|key| key.starts_with("route:{u:r")).count();
+    redis_data_lost_mid_traffic(nodes, async |nodes: &mut Nodes| nodes.redis.forget_everything(), routes).await;
+}
+
+/// Redis restarts mid-traffic: its process killed, a new one started on its port with
+/// nothing in it. The nodes' connections break and come back, on MariaDB this time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_mid_traffic_loses_nothing() {
+    let redis = PrivateRedis::start();
+    let url = redis.url();
+    let nodes = Nodes::start_with(3, Backend::MySql, &[("CLUSTER__REDIS_URL", url.as_str())]).await;
+    let routes = |nodes: &Nodes| redis.keys(&format!("{}route:{{u:r", nodes.redis.keys.as_str())).len();
+    redis_data_lost_mid_traffic(nodes, async |_: &mut Nodes| redis.restart(), routes).await;
 }
 
 /// A node cut off from Redis keeps storing and acking sends (a dedup mark it cannot take
