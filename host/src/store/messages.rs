@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, QueryBuilder, Row, Type};
 
 use super::seq_lease::{Fence, fence_of};
-use super::{Database, MessageStore, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned};
+use super::{Database, MessageStore, Pool, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned};
 use crate::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
 
 /// A message to store, with the fence of the lease its seq came from.
@@ -73,6 +73,16 @@ where
         body: body.into(),
         sent_at_ms: unsigned(row.try_get("sent_at_ms")?, "sent_at_ms")?,
     })
+}
+
+/// What a batch's write did, before duplicates are looked up.
+pub(super) struct Written {
+    /// Ids of the rows stored by it.
+    pub inserted: HashSet<i64>,
+    /// Rows refused by the fence check, by their place in the batch, with the owner found.
+    pub fenced: HashMap<usize, Option<Fence>>,
+    /// SQLite: the commit's number, to make durable.
+    pub sync: Option<u64>,
 }
 
 /// Outcomes of a batch insert that is committed but, on SQLite, perhaps not durable yet:
@@ -164,10 +174,41 @@ impl Database {
             .collect()
     }
 
-    async fn insert_batch<'m>(&self, batch: &'m [Submission]) -> Result<Committed, StoreError> {
+    async fn insert_batch(&self, batch: &[Submission]) -> Result<Committed, StoreError> {
         if batch.is_empty() {
             return Ok(Committed { results: Vec::new(), sync: None });
         }
+        let Written { inserted, mut fenced, sync } = match &self.writer {
+            // One statement, one round trip (see `postgres::insert_batch`).
+            Pool::Postgres(pool) => super::postgres::insert_batch(pool, batch).await?,
+            _ => self.insert_batch_in_transaction(batch).await?,
+        };
+
+        let mut results = Vec::with_capacity(batch.len());
+        for (at, Submission { message: m, fence }) in batch.iter().enumerate() {
+            if let (Some(owner), Some(fence)) = (fenced.remove(&at), *fence) {
+                let (id, seq, conversation) = (m.id, m.seq, m.conversation.clone());
+                results.push(Err(StoreError::Fenced { id, seq, conversation, fence, owner }));
+                continue;
+            }
+            if inserted.contains(&signed(m.id)) {
+                results.push(Ok(Inserted::New { id: m.id, seq: m.seq }));
+                continue;
+            }
+            // Not settled: the original may be in this very commit, and the caller hears of
+            // it only once the commit is durable anyway.
+            results.push(match self.find_by_client_id(&m.sender, &m.client_msg_id).await? {
+                Some(original) => {
+                    Ok(Inserted::Duplicate { id: original.id, seq: original.seq, conversation: original.conversation })
+                }
+                None => Err(StoreError::Conflict { id: m.id }),
+            });
+        }
+        Ok(Committed { results, sync })
+    }
+
+    /// The batch in one explicit transaction: the owners' lock, the inserts, the commit.
+    async fn insert_batch_in_transaction<'m>(&self, batch: &'m [Submission]) -> Result<Written, StoreError> {
         // One transaction for the whole batch (one commit, one fsync), split into
         // statements small enough for every driver's limit on bound parameters.
         let mut inserted: HashSet<i64> = HashSet::with_capacity(batch.len());
@@ -270,28 +311,7 @@ impl Database {
             commit?;
             sync
         });
-
-        let mut results = Vec::with_capacity(batch.len());
-        for (at, Submission { message: m, fence }) in batch.iter().enumerate() {
-            if let (Some(owner), Some(fence)) = (fenced.remove(&at), *fence) {
-                let (id, seq, conversation) = (m.id, m.seq, m.conversation.clone());
-                results.push(Err(StoreError::Fenced { id, seq, conversation, fence, owner }));
-                continue;
-            }
-            if inserted.contains(&signed(m.id)) {
-                results.push(Ok(Inserted::New { id: m.id, seq: m.seq }));
-                continue;
-            }
-            // Not settled: the original may be in this very commit, and the caller hears of
-            // it only once the commit is durable anyway.
-            results.push(match self.find_by_client_id(&m.sender, &m.client_msg_id).await? {
-                Some(original) => {
-                    Ok(Inserted::Duplicate { id: original.id, seq: original.seq, conversation: original.conversation })
-                }
-                None => Err(StoreError::Conflict { id: m.id }),
-            });
-        }
-        Ok(Committed { results, sync })
+        Ok(Written { inserted, fenced, sync })
     }
 
     /// Waits until every message commit a read that just finished could have seen is

@@ -1,7 +1,19 @@
 //! PostgreSQL's statements (cluster mode). Placeholders are `$n`; `RETURNING` and
 //! `ON CONFLICT` are available.
+//!
+//! A batch of messages goes in as one statement ([`insert_batch`]): its rows as arrays, the
+//! owners' lock, the fence check and the insert in one round trip, committed on its own
+//! (an implicit transaction). Through an explicit transaction the same batch took four
+//! (BEGIN, the lock, the insert, COMMIT), each a wake-up of the server process and of ours:
+//! on a busy machine, most of a commit's time.
 
-use super::{LeaseSql, Sql};
+use std::collections::{HashMap, HashSet};
+
+use sqlx::PgPool;
+
+use super::messages::{Submission, Written};
+use super::seq_lease::fence_of;
+use super::{LeaseSql, Sql, StoreError, signed};
 
 /// The PostgreSQL dialect.
 pub const SQL: Sql = Sql {
@@ -19,7 +31,9 @@ pub const SQL: Sql = Sql {
         owner: "SELECT owner_node, owner_epoch FROM session_seq WHERE conversation = $1",
     },
     // Sorted in byte order (COLLATE "C"), as the batch sorts them, so two batches always
-    // lock rows in the same order. FOR SHARE conflicts with the lease's row lock.
+    // lock rows in the same order. FOR SHARE conflicts with the lease's row lock. (Message
+    // batches use `INSERT_BATCH`, which locks the same way; this one is for the generic
+    // transaction path.)
     lock_owners: Some((
         "SELECT conversation, owner_node, owner_epoch FROM session_seq WHERE conversation IN (",
         ") ORDER BY conversation COLLATE \"C\" FOR SHARE",
@@ -35,3 +49,89 @@ pub const SQL: Sql = Sql {
     add_user_conversation: "INSERT INTO user_conversations (user_id, conversation) VALUES ($1, $2) ON CONFLICT DO NOTHING",
     user_conversations: "SELECT conversation FROM user_conversations WHERE user_id = $1 ORDER BY conversation",
 };
+
+/// A batch of messages in one statement. `$1`..`$9` are the columns of `messages` as arrays,
+/// `$10`/`$11` each row's fence (NULL: unfenced), `$12` the fenced conversations, each once
+/// (a list the planner looks up in the primary key; derived from `v` inside the statement,
+/// it chose a hash join over a scan of the whole table). `owners` takes the shared lock of the
+/// fenced conversations' `session_seq` rows in byte order (the lock sits above the sort, so
+/// every batch locks in one order) and reads their owners; a fenced row is inserted only
+/// while its conversation's row names its fence. The insert's sort consumes all of `owners`
+/// before the first row goes in. Read committed: a row locked after a concurrent lease
+/// committed is read as that lease left it. The result: one row per inserted id, then one
+/// per locked owner.
+const INSERT_BATCH: &str = r#"WITH v AS (
+    SELECT * FROM UNNEST($1::int8[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::bytea[], $9::int8[], $10::int8[], $11::int8[])
+        AS v(id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms, fence_node, fence_epoch)
+), owners AS (
+    SELECT s.conversation, s.owner_node, s.owner_epoch FROM session_seq s
+    WHERE s.conversation = ANY($12::text[])
+    ORDER BY s.conversation COLLATE "C" FOR SHARE OF s
+), stored AS (
+    INSERT INTO messages (id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms)
+    SELECT v.id, v.conversation, v.seq, v.sender, v.sender_device, v.client_msg_id, v.kind, v.body, v.sent_at_ms
+    FROM v LEFT JOIN owners o ON o.conversation = v.conversation
+    WHERE v.fence_node IS NULL OR (o.owner_node = v.fence_node AND o.owner_epoch = v.fence_epoch)
+    ORDER BY v.conversation COLLATE "C", v.seq
+    ON CONFLICT DO NOTHING
+    RETURNING id
+)
+SELECT id, NULL::text AS conversation, NULL::int8 AS owner_node, NULL::int8 AS owner_epoch FROM stored
+UNION ALL
+SELECT NULL, conversation, owner_node, owner_epoch FROM owners"#;
+
+/// A row of [`INSERT_BATCH`]'s result: `(id, None, None, None)` for an inserted row,
+/// `(None, conversation, owner_node, owner_epoch)` for a locked owner.
+type BatchRow = (Option<i64>, Option<String>, Option<i64>, Option<i64>);
+
+/// Writes `batch` with [`INSERT_BATCH`]: which rows went in, and which were refused by the
+/// fence check (with the owner found, `None` when the conversation has no row).
+pub(super) async fn insert_batch(pool: &PgPool, batch: &[Submission]) -> Result<Written, StoreError> {
+    let column = |field: fn(&Submission) -> i64| batch.iter().map(field).collect::<Vec<i64>>();
+    let text = |field: for<'a> fn(&'a Submission) -> &'a str| batch.iter().map(field).collect::<Vec<&str>>();
+    let fenced_conversations: Vec<&str> = batch
+        .iter()
+        .filter(|s| s.fence.is_some())
+        .map(|s| s.message.conversation.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let rows: Vec<BatchRow> = sqlx::query_as(INSERT_BATCH)
+        .bind(column(|s| signed(s.message.id)))
+        .bind(text(|s| s.message.conversation.as_str()))
+        .bind(column(|s| signed(s.message.seq)))
+        .bind(text(|s| s.message.sender.as_str()))
+        .bind(text(|s| s.message.sender_device.as_str()))
+        .bind(text(|s| s.message.client_msg_id.as_str()))
+        .bind(column(|s| i64::from(s.message.kind)))
+        .bind(batch.iter().map(|s| s.message.body.as_ref()).collect::<Vec<&[u8]>>())
+        .bind(column(|s| signed(s.message.sent_at_ms)))
+        .bind(batch.iter().map(|s| s.fence.map(|f| i64::from(f.node.0))).collect::<Vec<Option<i64>>>())
+        .bind(batch.iter().map(|s| s.fence.map(|f| signed(f.epoch))).collect::<Vec<Option<i64>>>())
+        .bind(fenced_conversations)
+        .fetch_all(pool)
+        .await?;
+    let mut inserted = HashSet::with_capacity(batch.len());
+    let mut owners = HashMap::new();
+    for row in rows {
+        match row {
+            (Some(id), ..) => {
+                inserted.insert(id);
+            }
+            (None, Some(conversation), Some(node), Some(epoch)) => {
+                owners.insert(conversation, fence_of(node, epoch)?);
+            }
+            other => return Err(StoreError::Corrupt(format!("unexpected row from the batch insert: {other:?}"))),
+        }
+    }
+    let fenced = batch
+        .iter()
+        .enumerate()
+        .filter_map(|(at, submission)| {
+            let fence = submission.fence?;
+            let owner = owners.get(submission.message.conversation.as_str()).copied();
+            (owner != Some(fence)).then_some((at, owner))
+        })
+        .collect();
+    Ok(Written { inserted, fenced, sync: None })
+}
