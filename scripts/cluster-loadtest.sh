@@ -6,14 +6,18 @@
 #   2. three nodes, users spread over them round-robin, at least half of the pairs across
 #      nodes (a send is forwarded to its conversation's owner, a delivery to the recipient's
 #      node),
-# each at steady rates after 3 s of load left unmeasured (a new conversation's first seq
-# lease and route lookups warm up) (send→deliver latency, same-node and cross-node pairs apart; by
+# each at steady rates after $WARMUP (default 10 s) of load left unmeasured: route lookups
+# warm up, and each new conversation's seq step grows from `seq.min_step` (16) to the size
+# that lasts `seq.segment_lifetime_ms`, which at 10 msgs/s per conversation takes about
+# 10 s (until then a lease, one more commit, per conversation every few seconds)
+# (send→deliver latency, same-node and cross-node pairs apart; by
 # default 1,500 msgs/s, which this 2-core box carries with three nodes, and 5,000, the
 # target's rate) and as fast as possible (throughput). Prints the route cache's hit rate
 # under load, and how long each step of a send took on one node (herald_send_stage_seconds,
-# herald_cluster_peer_request_seconds, herald_redis_call_seconds).
+# herald_cluster_peer_request_seconds, herald_redis_call_seconds) and the CPU each program
+# used.
 #
-#   [STEADY_RATES="1500 5000"] scripts/cluster-loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
+#   [STEADY_RATES="1500 5000"] [WARMUP=10] scripts/cluster-loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -24,6 +28,7 @@ ensure_redis
 say "building release binaries"
 cargo build --release --locked --bin herald --bin herald-loadgen >&2
 
+export WARMUP=${WARMUP:-10}
 admin=${HERALD_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}
 redis_url=${HERALD_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}
 run_id=$$
@@ -102,6 +107,34 @@ for name, q in sorted(rows.items()):
 '
 }
 
+# CPU used by each program on the box (herald, postgres, redis-server, herald-loadgen, …)
+# over 8 s of a run's measured window, in % of one core: where the machine's time went.
+cpu_share() {
+    python3 - <<'PY'
+import os, time
+def ticks():
+    by = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        by[pid] = (name, int(fields[11]) + int(fields[12]))
+    return by
+time.sleep(float(os.environ["WARMUP"]) + 1)
+before, start = ticks(), time.monotonic()
+time.sleep(8)
+after, seconds = ticks(), time.monotonic() - start
+hz = os.sysconf("SC_CLK_TCK")
+used = {}
+for pid, (name, n) in after.items():  # a process that ended meanwhile is left out
+    used[name] = used.get(name, 0) + (n - before.get(pid, (name, 0))[1]) / hz / seconds * 100
+top = sorted(((p, n) for n, p in used.items() if p >= 1), reverse=True)
+print(f"  CPU (% of one core, of {100 * os.cpu_count()}): " + ", ".join(f"{n} {p:.0f}" for p, n in top))
+PY
+}
+
 say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; PostgreSQL and Redis and the load generator on the same box"
 for nodes in 1 3; do
     start_cluster "$nodes" "n$nodes"
@@ -111,7 +144,10 @@ for nodes in 1 3; do
     [ "$nodes" -gt 1 ] && share=(--cross-node-share 0.5)
     for rate in ${STEADY_RATES:-1500 5000}; do
         say "$nodes node(s): 1,000 users at a steady $rate msgs/s"
-        target/release/herald-loadgen --url "$urls" "${share[@]}" --users 1000 --rate "$rate" --warmup 3s --duration 10s --quiet "$@"
+        cpu_share > "$work/cpu" &
+        target/release/herald-loadgen --url "$urls" "${share[@]}" --users 1000 --rate "$rate" --warmup "${WARMUP}s" --duration 10s --quiet "$@"
+        wait $!
+        cat "$work/cpu"
         stage_times
         cache_hit_rate "$nodes"
     done
