@@ -75,9 +75,7 @@ start_cluster() {
 }
 
 # The route cache's hit rate, summed over the nodes' /metrics, since the last call (a new
-# cluster's counters start at zero, and so does the baseline).
-cache_hits_before=0
-cache_misses_before=0
+# cluster's counters start at zero, and so does the baseline, set below).
 cache_hit_rate() {
     local count=$1 hits=0 misses=0
     for ((i = 0; i < count; i++)); do

@@ -31,9 +31,11 @@ pub const SQL: Sql = Sql {
         owner: "SELECT owner_node, owner_epoch FROM session_seq WHERE conversation = $1",
     },
     // Sorted in byte order (COLLATE "C"), as the batch sorts them, so two batches always
-    // lock rows in the same order. FOR SHARE conflicts with the lease's row lock. (Message
-    // batches use `INSERT_BATCH`, which locks the same way; this one is for the generic
-    // transaction path.)
+    // lock rows in the same order. FOR SHARE conflicts with the lease's row lock.
+    // Not used on PostgreSQL, nor are `insert_messages*` and `insert_count_is_exact` above:
+    // message batches go through `INSERT_BATCH` (which locks the same way), never through
+    // `insert_batch_in_transaction`. Every dialect fills the whole table, so these stay
+    // correct in case that path is ever taken here.
     lock_owners: Some((
         "SELECT conversation, owner_node, owner_epoch FROM session_seq WHERE conversation IN (",
         ") ORDER BY conversation COLLATE \"C\" FOR SHARE",
