@@ -27,6 +27,9 @@ for manifest in Cargo.toml plugins/Cargo.toml host/plugin-runtime/tests/guests/C
         || die "$manifest: code is not formatted; run: cargo fmt --manifest-path $manifest --all"
 done
 
+say "links in README.md and docs/"
+scripts/check-links.sh
+
 say "clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
