@@ -18,7 +18,10 @@
 # used.
 #
 #   [STEADY_RATES="1500 5000"] [WARMUP=10] scripts/cluster-loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
+#   REPORT=DIR scripts/cluster-loadtest.sh     # also charts and a page per run: DIR/n<nodes>-steady-<rate>/, DIR/n<nodes>-max/
 set -euo pipefail
+# A relative REPORT is relative to where the script was started, not to the repository.
+[ -z "${REPORT:-}" ] || REPORT=$(realpath -m -- "$REPORT")
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 . scripts/services.sh
@@ -143,13 +146,16 @@ for nodes in 1 3; do
     for rate in ${STEADY_RATES:-1500 5000}; do
         say "$nodes node(s): 1,000 users at a steady $rate msgs/s"
         cpu_share > "$work/cpu" &
-        target/release/herald-loadgen --url "$urls" "${share[@]}" --users 1000 --rate "$rate" --warmup "${WARMUP}s" --duration 10s --quiet "$@"
+        report_flags "n$nodes-steady-$rate"
+        target/release/herald-loadgen --url "$urls" "${share[@]}" --users 1000 --rate "$rate" --warmup "${WARMUP}s" --duration 10s --quiet "${report[@]}" "$@"
         wait $!
         cat "$work/cpu"
         stage_times
         cache_hit_rate "$nodes"
     done
     say "$nodes node(s): 1,000 users, as fast as possible"
-    target/release/herald-loadgen --url "$urls" "${share[@]}" --users 1000 --duration 10s --quiet "$@"
+    report_flags "n$nodes-max"
+    target/release/herald-loadgen --url "$urls" "${share[@]}" --users 1000 --duration 10s --quiet "${report[@]}" "$@"
     stop_nodes
 done
+[ -z "${REPORT:-}" ] || say "reports: $REPORT/*/index.html"

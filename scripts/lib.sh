@@ -83,6 +83,14 @@ start_herald() {
     die "Herald did not come up on port $port (its error is above)"
 }
 
+# report_flags PHASE: sets the array `report` to `--report $REPORT/PHASE` when REPORT is set
+# (herald-loadgen then writes that phase's charts, summary and page there), to nothing
+# otherwise. The scripts make REPORT absolute before they change directory.
+report_flags() {
+    report=()
+    if [ -n "${REPORT:-}" ]; then report=(--report "$REPORT/$1"); fi
+}
+
 # Stops the server start_herald started.
 stop_herald() {
     kill "$server" 2>/dev/null || true

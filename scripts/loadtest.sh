@@ -9,7 +9,10 @@
 #
 #   scripts/loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
 #   HERALD_LOADTEST_PLUGINS=1 scripts/loadtest.sh     # the same with all four first-party plugins loaded
+#   REPORT=DIR scripts/loadtest.sh                    # also charts and a page per phase: DIR/<phase>/index.html
 set -euo pipefail
+# A relative REPORT is relative to where the script was started, not to the repository.
+[ -z "${REPORT:-}" ] || REPORT=$(realpath -m -- "$REPORT")
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
@@ -27,8 +30,12 @@ trap 'stop_herald; rm -rf "$data"' EXIT
 start_herald "$port" "$data"
 say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; load generator on the same box"
 say "1) 1,000 users at a steady 5,000 msgs/s"
-target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --compare-relay --quiet "$@"
+report_flags 1-steady-5000
+target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --compare-relay --quiet "${report[@]}" "$@"
 say "2) 1,000 users, as fast as possible, Herald vs a trivial relay"
-target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --duration 10s --compare-relay --quiet "$@"
+report_flags 2-max
+target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --duration 10s --compare-relay --quiet "${report[@]}" "$@"
 say "3) 1,000 users at 5,000 msgs/s right after the burst (SQLite still checkpointing it)"
-target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --quiet "$@"
+report_flags 3-after-burst-5000
+target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --quiet "${report[@]}" "$@"
+[ -z "${REPORT:-}" ] || say "reports: $REPORT/{1-steady-5000,2-max,3-after-burst-5000}/index.html"

@@ -15,13 +15,17 @@
 //! receiver needs no shared table), send → `send_ack` latency, and throughput as distinct
 //! messages delivered inside the window per second. In rate mode the timestamp is the
 //! *scheduled* send time, so a backlog in the client or server shows up as latency instead
-//! of silently lowering the rate (no coordinated omission).
+//! of silently lowering the rate (no coordinated omission). Asked for, the run also keeps
+//! per-second series ([`timeline`]), from which [`report_dir`] draws charts.
 
+mod charts;
 pub mod pairing;
 mod payload;
 mod progress;
 pub mod relay_process;
+pub mod report_dir;
 pub mod stats;
+pub mod timeline;
 mod user;
 
 use std::{
@@ -41,9 +45,11 @@ use tokio::{
 pub use pairing::{Pairing, PairingError, endpoint_of};
 pub use payload::{MIN_BODY_BYTES, Payload, SeenCounters};
 pub use stats::{LatencySummary, Report, Verification};
+pub use timeline::{Second, Timeline};
 
 use crate::ids::{dm_conversation, is_valid_name};
 use stats::{CountSnapshot, Counters, LatencyRecorder};
+use timeline::TimelineRecorder;
 
 /// How users get their tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -107,6 +113,9 @@ pub struct LoadConfig {
     pub verify: bool,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Keep per-second counts and latency histograms for [`Report::timeline`] (the charts
+    /// of `--report`); off, the run does no per-second work.
+    pub timeline: bool,
 }
 
 impl Default for LoadConfig {
@@ -130,6 +139,7 @@ impl Default for LoadConfig {
             connect_timeout: Duration::from_secs(10),
             verify: false,
             progress: false,
+            timeline: false,
         }
     }
 }
@@ -262,6 +272,8 @@ struct Shared {
     /// In rate mode, how far behind schedule sends were written: the generator's own lag,
     /// reported so it is not mistaken for the server's.
     send_lag: LatencyRecorder,
+    /// Sends, deliveries and latency second by second, if the run keeps them.
+    timeline: Option<TimelineRecorder>,
     /// Per user: how many more messages it may send before earlier ones are delivered.
     /// The partner's task returns a credit for each delivery.
     credits: Vec<Semaphore>,
@@ -280,6 +292,11 @@ impl Shared {
 
     fn instant_at(&self, micros: u64) -> Instant {
         self.epoch + Duration::from_micros(micros)
+    }
+
+    /// Microseconds after the start of sending (0 before it).
+    fn since_start(&self, micros: u64) -> u64 {
+        micros.saturating_sub(self.start_us.load(Ordering::Relaxed))
     }
 
     fn in_window(&self, micros: u64) -> bool {
@@ -323,6 +340,13 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         cross_endpoint_latency: LatencyRecorder::new(shards),
         ack_latency: LatencyRecorder::new(shards),
         send_lag: LatencyRecorder::new(shards),
+        // Every sample falls within the warm-up, the window and the drain; a second more
+        // for the last drain poll and the close.
+        timeline: config.timeline.then(|| {
+            let seconds = config.warmup.saturating_add(config.duration).saturating_add(config.drain_timeout);
+            let seconds = seconds.as_secs_f64().ceil();
+            TimelineRecorder::new(seconds as usize + 2)
+        }),
         credits: (0..users).map(|_| Semaphore::new(config.in_flight)).collect(),
         first_error: Mutex::new(None),
         config,
@@ -462,6 +486,7 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         send_lag: (config.rate > 0).then(|| LatencySummary::of(&shared.send_lag.merged())),
         verification,
         first_error: shared.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        timeline: shared.timeline.as_ref().map(TimelineRecorder::timeline),
     })
 }
 

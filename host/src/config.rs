@@ -16,8 +16,10 @@ use serde::{Deserialize, Serialize};
 use crate::model::MAX_NODE_ID;
 
 mod cluster;
+mod intake;
 
 pub use cluster::{ClusterConfig, DEV_CLUSTER_SECRET};
+pub use intake::IntakeConfig;
 
 /// A configuration that cannot be used, with what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +61,8 @@ pub struct Config {
     pub plugin_runtime: herald_plugin_runtime::PluginHostConfig,
     /// Cluster mode: on when `redis_url` is set.
     pub cluster: ClusterConfig,
+    /// Intake protection: send and HTTP rates, the backlog cap, connection caps.
+    pub intake: IntakeConfig,
 }
 
 /// `[gateway]`: WebSocket connections.
@@ -82,6 +86,10 @@ pub struct GatewayConfig {
     /// owed; a device back in time is backfilled only that, not every conversation (a quick
     /// reconnect causes no backfill storm). 0 turns this off.
     pub reconnect_grace_ms: u64,
+    /// TCP keepalive on client sockets: probes start after this many ms of silence on the
+    /// socket, every 10 s, 3 unanswered close it (a peer gone without a FIN is noticed even
+    /// while a write waits). 0 turns it off.
+    pub tcp_keepalive_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -94,6 +102,7 @@ impl Default for GatewayConfig {
             jwt_secret: None,
             go_away_spread_ms: 5_000,
             reconnect_grace_ms: 30_000,
+            tcp_keepalive_ms: 60_000,
         }
     }
 }
@@ -171,6 +180,7 @@ impl Default for Config {
             api: ApiConfig::default(),
             plugin_runtime: herald_plugin_runtime::PluginHostConfig::default(),
             cluster: ClusterConfig::default(),
+            intake: IntakeConfig::default(),
         }
     }
 }

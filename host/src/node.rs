@@ -22,6 +22,7 @@ use crate::delivery::sessions::Sessions;
 use crate::delivery::{Delivery, DeliveryStores, Reach};
 use crate::gateway::Gateway;
 use crate::gateway::auth::Authenticator;
+use crate::gateway::intake::Intake;
 use crate::gateway::redirect::Redirects;
 use crate::health::{Sampler, Tier, Vitals};
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
@@ -126,6 +127,8 @@ impl Node {
             room_directory: Arc::clone(&seams.room_directory),
             clock: Arc::clone(&seams.clock),
         };
+        let intake = Arc::new(Intake::new(config.intake.clone()));
+        intake.start_upkeep();
         let gateway = Arc::new(Gateway::new(
             config.gateway.clone(),
             auth,
@@ -134,6 +137,7 @@ impl Node {
             Arc::clone(&pipeline),
             Arc::clone(&delivery),
             Arc::clone(&plugins.host),
+            intake,
         ));
         let node = Arc::new(Self {
             database,

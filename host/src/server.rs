@@ -2,8 +2,10 @@
 //! told to stop. Shutdown is a token passed down, not a global.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::serve::ListenerExt;
+use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -45,15 +47,27 @@ pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
     let addr = listener.local_addr().map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     let app = api::router(Arc::clone(&node));
     let (stop, mut stopped) = watch::channel(false);
+    let keepalive_ms = config.gateway.tcp_keepalive_ms;
     let task = tokio::spawn(async move {
         // Frames are small and latency matters: no Nagle delay (it would hold a deliver
         // back until the client's delayed ACK, ~40 ms).
-        let listener = listener.tap_io(|tcp| {
+        let keepalive = (keepalive_ms > 0).then(|| {
+            TcpKeepalive::new()
+                .with_time(Duration::from_millis(keepalive_ms))
+                .with_interval(Duration::from_secs(10))
+                .with_retries(3)
+        });
+        let listener = listener.tap_io(move |tcp| {
             if let Err(error) = tcp.set_nodelay(true) {
                 tracing::warn!(%error, "cannot set TCP_NODELAY");
             }
+            if let Some(keepalive) = &keepalive
+                && let Err(error) = SockRef::from(&*tcp).set_tcp_keepalive(keepalive)
+            {
+                tracing::warn!(%error, "cannot set TCP keepalive");
+            }
         });
-        axum::serve(listener, app.into_make_service())
+        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
             .with_graceful_shutdown(async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             })

@@ -2,18 +2,28 @@
 //! reports throughput and send → deliver latency; with `--compare-relay`, runs the same
 //! load against `herald-relay` and prints the ratio. Given several URLs (a cluster's
 //! nodes), it spreads users over them round-robin and reports same-endpoint and
-//! cross-endpoint pairs apart. See `herald_examples::loadgen`.
+//! cross-endpoint pairs apart; with `--report DIR`, also writes charts and a page to look
+//! at. See `herald_examples::loadgen`.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, reason = "a command-line program reports on stdout")]
 
-use std::{io::IsTerminal as _, path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    io::IsTerminal as _,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use clap::{Parser, ValueEnum};
 use herald_examples::{
     duration::parse_duration,
     ids::random_tag,
-    loadgen::{self, LoadConfig, Report, TokenMode, relay_process::RelayProcess},
+    loadgen::{
+        self, LoadConfig, Report, TokenMode,
+        relay_process::RelayProcess,
+        report_dir::{self, Comparison},
+    },
     target::check_target,
 };
 use herald_proto::Encoding;
@@ -90,6 +100,12 @@ struct Args {
     /// Name of the main run in the report.
     #[arg(long, default_value = "herald")]
     label: String,
+    /// Also write a report into DIR (created if needed): throughput.svg and latency.svg
+    /// (per second, warm-up shaded), summary.json, and index.html showing them — open it
+    /// with `xdg-open DIR/index.html`. With --compare-relay the relay's run goes to
+    /// DIR/relay.
+    #[arg(long, value_name = "DIR")]
+    report: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -145,8 +161,14 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         drain_timeout: args.drain,
         verify: args.verify,
         progress: !args.quiet && std::io::stderr().is_terminal(),
+        timeline: args.report.is_some(),
         ..LoadConfig::default()
     };
+    // Fail before a long run if the report could not be written.
+    if let Some(dir) = &args.report {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create the report directory {}: {e}", dir.display()))?;
+    }
 
     // Start the relay first, so a missing binary fails before a long run.
     let relay = if args.compare_relay && args.relay_url.is_none() {
@@ -161,6 +183,10 @@ async fn run(args: Args) -> Result<ExitCode, String> {
 
     let main_report = loadgen::run(config.clone()).await.map_err(|e| e.to_string())?;
     println!("{}", main_report.to_text());
+    // Written now, so it is there even if the relay's run fails; again below with the ratio.
+    if let Some(dir) = &args.report {
+        write_report(dir, &main_report, None)?;
+    }
 
     let relay_url = args.relay_url.clone().or_else(|| relay.as_ref().map(|relay| relay.url.clone()));
     let Some(relay_url) = relay_url.filter(|_| args.compare_relay) else {
@@ -181,6 +207,11 @@ async fn run(args: Args) -> Result<ExitCode, String> {
     println!("{}", relay_report.to_text());
     let comparison = compare(&main_report, &relay_report);
     println!("{}", comparison_text(&comparison, &main_report.label));
+    if let Some(dir) = &args.report {
+        write_report(&dir.join(RELAY_DIR), &relay_report, None)?;
+        let comparison = Comparison { relay_dir: RELAY_DIR, relay: &relay_report, ratio: &comparison };
+        write_report(dir, &main_report, Some(comparison))?;
+    }
     println!(
         "{}",
         json!({
@@ -190,6 +221,17 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         })
     );
     Ok(exit_code(&[&main_report, &relay_report]))
+}
+
+/// Where `--report DIR` puts the relay's run with `--compare-relay`.
+const RELAY_DIR: &str = "relay";
+
+/// Writes `report` into `dir` and says where on stderr: stdout's last line is the JSON
+/// scripts read.
+fn write_report(dir: &Path, report: &Report, comparison: Option<Comparison<'_>>) -> Result<(), String> {
+    report_dir::write(dir, report, comparison).map_err(|e| e.to_string())?;
+    eprintln!("herald-loadgen: {} report: {}", report.label, dir.join(report_dir::INDEX_HTML).display());
+    Ok(())
 }
 
 /// A share between 0 and 1 (`0.5`, or `50%`).

@@ -16,9 +16,11 @@ use std::{
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
+use super::timeline::Timeline;
+
 /// Highest latency a histogram records precisely, in microseconds (one minute); larger
 /// values are clamped to it.
-const MAX_TRACKED_US: u64 = 60_000_000;
+pub(super) const MAX_TRACKED_US: u64 = 60_000_000;
 
 /// One event counter.
 #[derive(Debug, Default)]
@@ -170,7 +172,7 @@ pub struct LatencySummary {
 
 impl LatencySummary {
     /// Summarises a histogram (all zero if it is empty).
-    pub fn of(histogram: &Histogram<u64>) -> Self {
+    pub fn of<T: hdrhistogram::Counter>(histogram: &Histogram<T>) -> Self {
         if histogram.is_empty() {
             return Self::default();
         }
@@ -185,7 +187,8 @@ impl LatencySummary {
         }
     }
 
-    fn to_json(self) -> Value {
+    /// The summary as a JSON object (`count`, `p50_us`, … `max_us`, `mean_us`).
+    pub fn to_json(self) -> Value {
         json!({
             "count": self.count,
             "p50_us": self.p50_us,
@@ -269,6 +272,8 @@ pub struct Report {
     pub verification: Option<Verification>,
     /// The first failure any user saw (connect, lost connection, rejected send).
     pub first_error: Option<String>,
+    /// The run second by second, if it was asked for ([`super::LoadConfig::timeline`]).
+    pub timeline: Option<Timeline>,
 }
 
 /// The counters' values at one moment.

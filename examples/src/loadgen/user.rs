@@ -240,6 +240,9 @@ impl User {
         if shared.in_window(sent_us) {
             shared.counters.window_sent.incr();
         }
+        if let Some(timeline) = &shared.timeline {
+            timeline.record_sent(self.plan.index, shared.since_start(sent_us));
+        }
         self.pending.insert(
             client_msg_id.clone(),
             Pending { sent_us, written: Instant::now(), body: body.clone(), retries: 0 },
@@ -430,6 +433,10 @@ impl User {
             let latency = now_us.saturating_sub(payload.sent_us);
             shared.latency.record(self.plan.index, latency);
             shared.pair_latency(self.plan.crosses).record(self.plan.index, latency);
+        }
+        if let Some(timeline) = &shared.timeline {
+            let (sent_us, delivered_us) = (shared.since_start(payload.sent_us), shared.since_start(now_us));
+            timeline.record_delivery(self.plan.index, sent_us, delivered_us, self.plan.crosses);
         }
         if self.verify {
             self.outcome.delivered_ids.push(message.id);

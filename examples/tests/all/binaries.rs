@@ -83,11 +83,15 @@ async fn loadgen_compares_against_a_relay_process() {
     let line = wait_for_line(&mut server_out, "listening on").await;
     let url = line.rsplit(' ').next().expect("url").to_owned();
 
+    let temp = tempfile::tempdir().expect("temp dir");
+    let report = temp.path().join("report");
     let output = tokio::time::timeout(
         STEP * 3,
         Command::new(env!("CARGO_BIN_EXE_herald-loadgen"))
             .args(["--url", &url, "--users", "10", "--duration", "1s", "--warmup", "0s"])
             .args(["--quiet", "--compare-relay", "--relay-bin", relay_bin])
+            .arg("--report")
+            .arg(&report)
             .output(),
     )
     .await
@@ -101,6 +105,17 @@ async fn loadgen_compares_against_a_relay_process() {
     assert!(json["relay"]["delivered_per_s"].as_f64().is_some_and(|r| r > 0.0), "{json}");
     assert!(json["ratio"]["delivered_per_s"].as_f64().is_some_and(|r| r > 0.0), "{json}");
     assert!(stdout.contains("herald/relay: throughput x"), "{stdout}");
+
+    // --report: the run's page and charts, the relay's beside them.
+    for file in ["index.html", "throughput.svg", "latency.svg", "relay/index.html", "relay/latency.svg"] {
+        assert!(report.join(file).is_file(), "{file} written");
+    }
+    let summary = std::fs::read_to_string(report.join("summary.json")).expect("summary.json");
+    let summary: serde_json::Value = serde_json::from_str(&summary).expect("summary is JSON");
+    assert_eq!(summary["parameters"]["users"], 10);
+    assert!(summary["relay"]["ratio"]["delivered_per_s"].as_f64().is_some_and(|r| r > 0.0), "{summary}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("report: "), "{stderr}");
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use herald_examples::{
-    loadgen::{self, LoadConfig},
+    loadgen::{self, LoadConfig, report_dir},
     relay::{Relay, RelayConfig},
 };
 use herald_proto::Encoding;
@@ -23,7 +23,8 @@ fn short_run(url: String) -> LoadConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loadgen_delivers_and_acks_every_message_through_the_relay() {
     let relay = Relay::spawn_local(RelayConfig::default()).await.expect("relay binds");
-    let report = loadgen::run(short_run(relay.url())).await.expect("run completes");
+    let config = LoadConfig { timeline: true, ..short_run(relay.url()) };
+    let report = loadgen::run(config).await.expect("run completes");
     let counts = report.counts;
     assert_eq!(counts.connected, 20);
     assert!(counts.delivered > 100, "{}", report.to_text());
@@ -41,6 +42,21 @@ async fn loadgen_delivers_and_acks_every_message_through_the_relay() {
     assert!(!report.to_text().contains("endpoints:"), "one URL prints what it always did");
     let json = report.to_json();
     assert!(json["delivered_per_s"].as_f64().is_some_and(|rate| rate > 0.0));
+
+    // Second by second, the same sends and deliveries, each delivery with its latency.
+    let seconds = &report.timeline.as_ref().expect("timeline kept").seconds;
+    assert!((2..=5).contains(&seconds.len()), "0.2 s warm-up + 2 s window + drain: {}", seconds.len());
+    assert_eq!(seconds.iter().map(|second| second.sent).sum::<u64>(), counts.sent);
+    assert_eq!(seconds.iter().map(|second| second.delivered).sum::<u64>(), counts.delivered);
+    assert_eq!(seconds.iter().map(|second| second.latency.count).sum::<u64>(), counts.delivered);
+    assert!(seconds[1].latency.p50_us > 0 && seconds[1].latency.max_us >= seconds[1].latency.p99_us);
+
+    let temp = tempfile::tempdir().expect("temp dir");
+    report_dir::write(temp.path(), &report, None).expect("report written");
+    for file in [report_dir::THROUGHPUT_SVG, report_dir::LATENCY_SVG, report_dir::SUMMARY_JSON, report_dir::INDEX_HTML]
+    {
+        assert!(temp.path().join(file).is_file(), "{file}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,6 +64,7 @@ async fn loadgen_holds_a_fixed_rate_over_json() {
     let relay = Relay::spawn_local(RelayConfig::default()).await.expect("relay binds");
     let config = LoadConfig { rate: 500, encoding: Encoding::Json, ..short_run(relay.url()) };
     let report = loadgen::run(config).await.expect("run completes");
+    assert!(report.timeline.is_none(), "no per-second series unless asked for");
     // 500 msg/s for a 2 s window: about 1000 sends in the window.
     let window_sent = report.counts.window_sent;
     assert!((900..=1100).contains(&window_sent), "{}", report.to_text());

@@ -9,13 +9,15 @@ mod groups;
 mod rooms;
 mod users;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde_json::json;
 
 use crate::model::UserId;
@@ -58,12 +60,10 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Every route this node serves.
+/// Every route this node serves. Probes (`/healthz`, `/readyz`, `/metrics`) and `/v1/ws`
+/// (which has its own connection caps) are outside the per-address HTTP limit.
 pub fn router(node: Arc<Node>) -> Router {
-    let mut router = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/v1/ws", get(crate::gateway::upgrade).with_state(Arc::clone(&node.gateway)))
+    let mut limited = Router::new()
         .route("/v1/dev/token", post(users::dev_token))
         .route("/v1/users/{user}/presence", get(users::presence))
         .route("/v1/groups", post(groups::create))
@@ -73,13 +73,36 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/admin/plugins", get(admin::plugins))
         .route("/admin/health", get(admin::health))
         .route("/admin/cluster", get(admin::cluster))
-        .route("/metrics", get(metrics))
         .route("/admin/route", get(admin::route))
         .route("/admin/plugins/reload", post(admin::reload));
     if node.config.dev {
-        router = router.route("/", get(|| async { Html(WEB_PAGE) }));
+        limited = limited.route("/", get(|| async { Html(WEB_PAGE) }));
     }
-    router.fallback(not_found).with_state(node)
+    let limited = limited.route_layer(middleware::from_fn_with_state(Arc::clone(&node), limit_http));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/ws", get(crate::gateway::upgrade).with_state(Arc::clone(&node.gateway)))
+        .merge(limited)
+        .fallback(not_found)
+        .with_state(node)
+}
+
+/// `intake.http_requests_per_ip`: 429 with `Retry-After` over the client address's rate.
+/// A request whose address is unknown (the server was not given addresses) passes.
+async fn limit_http(
+    State(node): State<Arc<Node>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(Extension(ConnectInfo(addr))) = peer
+        && let Err(refused) = node.gateway.intake.admit_http(addr.ip())
+    {
+        return refused.into_response();
+    }
+    next.run(request).await
 }
 
 /// The bearer token of a request, if any.

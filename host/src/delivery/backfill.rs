@@ -15,7 +15,9 @@ use crate::store::StoreError;
 const CATCH_UP_ROUNDS: u32 = 4;
 
 impl Delivery {
-    /// Every conversation a device should follow, with its server-side cursor.
+    /// Every conversation a device should follow, with its server-side cursor: its user's
+    /// direct conversations and current groups (a group left keeps its cursor row, and is
+    /// not followed).
     pub(super) async fn device_conversations(
         &self,
         user: &UserId,
@@ -26,7 +28,13 @@ impl Delivery {
         all.extend(self.stores.groups.groups_of(user).await?.iter().map(ConversationId::group));
         let mut out: BTreeMap<ConversationId, u64> = all.into_iter().map(|conversation| (conversation, 0)).collect();
         for (conversation, seq) in self.stores.cursors.cursors(user, device).await? {
-            if !matches!(conversation.kind(), ConversationKind::Room(_)) {
+            let follows = match conversation.kind() {
+                // A cursor outlives a removal from the group: only a member's counts.
+                ConversationKind::Group(_) => out.contains_key(&conversation),
+                ConversationKind::Direct(..) => true,
+                ConversationKind::Room(_) => false,
+            };
+            if follows {
                 let pending = self.cursors.pending(user, device, &conversation).unwrap_or(0);
                 out.insert(conversation, seq.max(pending));
             }

@@ -11,6 +11,7 @@ use herald_proto::v1::{self, Frame, frame::Body};
 use herald_proto::{DecodeLimits, Encoding, decode_frame};
 
 use super::connection::{CloseReason, Connection, close};
+use super::intake::{InFlight, Refused};
 use super::{Client, Gateway};
 use crate::delivery::pull::PullError;
 use crate::model::ConversationId;
@@ -84,6 +85,22 @@ fn ack_frame(ack: SendAck) -> Frame {
     Frame::new(ack.rid, ack.ack)
 }
 
+/// The `send_ack` RETRY of a send the intake refused: nothing was taken in, the client
+/// resends the same `client_msg_id` after `retry_after_ms`.
+fn retry_frame(rid: u32, send: v1::Send, refused: &Refused) -> Frame {
+    Frame::new(
+        rid,
+        v1::SendAck {
+            client_msg_id: send.client_msg_id,
+            status: v1::send_ack::Status::Retry as i32,
+            conversation: send.conversation,
+            reason: refused.limit.reason().to_owned(),
+            retry_after_ms: refused.retry_after_ms(),
+            ..v1::SendAck::default()
+        },
+    )
+}
+
 /// Handles one frame from an authenticated client.
 async fn dispatch(gateway: &Arc<Gateway>, client: &Client, frame: Frame) -> Result<(), CloseReason> {
     let rid = frame.rid;
@@ -91,6 +108,13 @@ async fn dispatch(gateway: &Arc<Gateway>, client: &Client, frame: Frame) -> Resu
     let (connection, session) = (&client.connection, &client.session);
     match body {
         Body::Send(send) => {
+            let in_flight = match gateway.intake.admit_send(&client.budget, &session.user) {
+                Ok(in_flight) => in_flight,
+                Err(refused) => {
+                    connection.push(retry_frame(rid, send, &refused));
+                    return Ok(());
+                }
+            };
             let origin = Origin {
                 user: session.user.clone(),
                 device: session.device.clone(),
@@ -99,7 +123,7 @@ async fn dispatch(gateway: &Arc<Gateway>, client: &Client, frame: Frame) -> Resu
             };
             match gateway.pipeline.admit(SendRequest { origin, rid, send }).await {
                 Admission::Done(ack) => _ = connection.push(ack_frame(ack)),
-                Admission::Wait(rest) => _ = tokio::spawn(answer_when_settled(Arc::clone(connection), rest)),
+                Admission::Wait(rest) => _ = tokio::spawn(answer_when_settled(Arc::clone(connection), rest, in_flight)),
             }
         }
         Body::DeliverAck(ack) => match ConversationId::parse(&ack.conversation) {
@@ -158,10 +182,12 @@ fn reply_later<R>(
     });
 }
 
-/// Writes a queued send's ack once it is settled, then runs its fan-out.
+/// Writes a queued send's ack once it is settled, then runs its fan-out; the send counts
+/// in the node's backlog (`_in_flight`) until both are done.
 async fn answer_when_settled(
     connection: Arc<Connection>,
     rest: std::pin::Pin<Box<dyn Future<Output = crate::pipeline::Settled> + Send>>,
+    _in_flight: InFlight,
 ) {
     let settled = rest.await;
     connection.push(ack_frame(settled.ack));

@@ -20,6 +20,7 @@
 pub mod auth;
 pub mod connection;
 mod dispatch;
+pub mod intake;
 pub mod redirect;
 mod writer;
 
@@ -27,12 +28,14 @@ mod writer;
 pub const DRAINING: &str = "server shutting down; reconnect";
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::Extension;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State};
 use axum::response::Response;
 use futures_util::StreamExt;
 use futures_util::stream::{SplitSink, SplitStream};
@@ -53,11 +56,22 @@ use crate::routing::Route;
 use auth::Authenticator;
 use connection::{CloseReason, Connection, Connections, close};
 use dispatch::{next_frame, read_loop};
+use intake::{ConnectionPermit, Intake, SendBudget};
 use redirect::Redirects;
 use writer::{close_now, write_loop};
 
-/// `GET /v1/ws`: upgrades and hands the socket to [`serve_socket`].
-pub async fn upgrade(State(gateway): State<Arc<Gateway>>, upgrade: WebSocketUpgrade) -> Response {
+/// `GET /v1/ws`: upgrades and hands the socket to [`serve_socket`], unless the node holds
+/// all the connections it may or the client's address has its share (503 / 429).
+pub async fn upgrade(
+    State(gateway): State<Arc<Gateway>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let ip = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
+    let permit = match gateway.intake.open_connection(ip) {
+        Ok(permit) => permit,
+        Err(refused) => return refused.into_response(),
+    };
     let max = gateway.config.max_frame_bytes;
     upgrade
         .protocols([SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON])
@@ -65,7 +79,7 @@ pub async fn upgrade(State(gateway): State<Arc<Gateway>>, upgrade: WebSocketUpgr
         .max_frame_size(max)
         .read_buffer_size(4096)
         .write_buffer_size(16 * 1024)
-        .on_upgrade(move |socket| serve_socket(gateway, socket))
+        .on_upgrade(move |socket| serve_socket(gateway, socket, permit))
 }
 
 /// The edge of one node: what the gateway needs to admit a connection and serve it.
@@ -80,6 +94,8 @@ pub struct Gateway {
     pub delivery: Arc<Delivery>,
     /// The connect hook.
     pub plugins: Arc<PluginHost>,
+    /// Intake protection: send and HTTP buckets, the backlog, connection caps.
+    pub intake: Arc<Intake>,
     next_connection: AtomicU64,
     /// Shutdown has begun: connections are sent away as soon as they are made.
     draining: AtomicBool,
@@ -97,6 +113,7 @@ impl Gateway {
         pipeline: Arc<Pipeline>,
         delivery: Arc<Delivery>,
         plugins: Arc<PluginHost>,
+        intake: Arc<Intake>,
     ) -> Self {
         Self {
             config,
@@ -106,6 +123,7 @@ impl Gateway {
             pipeline,
             delivery,
             plugins,
+            intake,
             // Numbered from the start time up, so no two lives of a node id reuse one: a route
             // left behind by an earlier process can never be taken for one of this process's.
             next_connection: AtomicU64::new(clock.now_ms() << 20 | 1),
@@ -164,13 +182,17 @@ impl Gateway {
     }
 }
 
-/// One authenticated client: its transport, and its session as delivery sees it.
+/// One authenticated client: its transport, its session as delivery sees it, and its own
+/// bucket of sends.
 pub(crate) struct Client {
     pub connection: Arc<Connection>,
     pub session: Arc<Session>,
+    pub budget: SendBudget,
 }
 
-async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket) {
+/// Serves one upgraded socket to its end; `_permit` counts it against the connection caps
+/// until then.
+async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket, _permit: ConnectionPermit) {
     let encoding = socket
         .protocol()
         .and_then(|protocol| protocol.to_str().ok())
@@ -187,7 +209,7 @@ async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket) {
     let id = ConnectionId(gateway.next_connection.fetch_add(1, Ordering::Relaxed));
     let connection = Arc::new(Connection::new(id, outbox));
     let session = Arc::new(Session::new(id, user, device, Arc::clone(&connection) as _));
-    let client = Client { connection, session };
+    let client = Client { connection, session, budget: gateway.intake.send_budget() };
     attach(&gateway, &client, rid, queued, sink, encoding).await;
     let why = read_loop(&gateway, &client, &mut stream, &limits).await;
     client.connection.close(why);

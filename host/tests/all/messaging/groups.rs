@@ -60,3 +60,43 @@ async fn a_group_message_reaches_every_member_and_membership_changes_apply() {
     let ids: Vec<u64> = backfill.iter().map(|m| m.id).collect();
     assert_eq!(ids, vec![hello.message_id, from_dave.message_id, after.message_id], "erin's backfill");
 }
+
+/// A cursor outlives a removal from the group: the removed member's device must not be
+/// backfilled the group's new messages, and its cursorless `sync` must still answer (for
+/// the conversations it may read), not fail as forbidden.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_member_is_not_backfilled_the_group_and_still_syncs() {
+    // No reconnect grace: carol's return takes the full backfill, from her cursors.
+    let herald = Herald::with().set("GATEWAY__RECONNECT_GRACE_MS", 0).start().await;
+    herald.create_group("crew", &["alice", "carol"]).await;
+    let mut alice = Client::connect(&herald, "alice", "laptop").await;
+    let mut carol = Client::connect(&herald, "carol", "phone").await;
+    let before = alice.send_ok("grp:crew", "before").await;
+    let seen = carol.deliver_of(before.message_id).await.message.expect("message");
+    carol.deliver_ack("grp:crew", seen.seq).await;
+    let dm = super::dm("alice", "carol");
+    let hello = alice.send_ok(&dm, "hello carol").await;
+    carol.deliver_of(hello.message_id).await;
+    carol.close().await;
+
+    let removed = herald.request("DELETE", "/v1/groups/crew/members/carol", Some(DEV_KEY), None).await;
+    assert!(removed.is_success(), "DELETE member: {removed:?}");
+    let secret = alice.send_ok("grp:crew", "after carol left").await;
+
+    let mut carol = Client::connect(&herald, "carol", "phone").await;
+    let reply = carol.sync(&[], 100).await;
+    let names: Vec<&str> = reply.conversations.iter().map(|c| c.conversation.as_str()).collect();
+    assert!(names.contains(&dm.as_str()), "her dm is still hers: {names:?}");
+    assert!(!names.contains(&"grp:crew"), "the group she left is not in her sync: {names:?}");
+    // What must not happen: the backfill pushing the group's new message. Backfill of a
+    // handful of messages takes milliseconds; the window is generous.
+    let marker = alice.send_ok(&dm, "marker").await;
+    carol.deliver_of(marker.message_id).await;
+    let leaked = carol
+        .try_wait_for(std::time::Duration::from_millis(500), |frame| match &frame.body {
+            Some(Body::Deliver(d)) if d.message.as_ref().is_some_and(|m| m.id == secret.message_id) => Some(()),
+            _ => None,
+        })
+        .await;
+    assert!(leaked.is_err(), "carol left the group; its new message must not reach her: {}", carol.unclaimed());
+}

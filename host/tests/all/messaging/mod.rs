@@ -30,6 +30,7 @@ mod groups;
 mod heartbeat;
 mod hostile;
 mod http;
+mod intake;
 mod plugins;
 mod reconnect;
 mod rooms;
