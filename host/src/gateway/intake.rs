@@ -311,7 +311,7 @@ mod tests {
     use super::*;
 
     fn user(name: &str) -> UserId {
-        UserId::parse(name).unwrap()
+        UserId::parse(name).expect("a valid user id")
     }
 
     fn config() -> IntakeConfig {
@@ -330,8 +330,8 @@ mod tests {
         let intake = Intake::new(config());
         let budget = intake.send_budget();
         let alice = user("alice");
-        let taken: Vec<_> = (0..5).map(|_| intake.admit_send(&budget, &alice).unwrap()).collect();
-        let refused = intake.admit_send(&budget, &alice).err().unwrap();
+        let taken: Vec<_> = (0..5).map(|_| intake.admit_send(&budget, &alice).expect("taken in")).collect();
+        let refused = intake.admit_send(&budget, &alice).err().expect("refused");
         assert_eq!(refused.limit, Limit::Connection);
         // 10 a second: the next token is at most 100 ms away.
         assert!(refused.retry_after <= Duration::from_millis(100), "{refused:?}");
@@ -348,9 +348,9 @@ mod tests {
         let intake = Intake::new(IntakeConfig { sends_per_user: 3, user_burst: 3, ..config() });
         let alice = user("alice");
         for _ in 0..3 {
-            drop(intake.admit_send(&intake.send_budget(), &alice).unwrap());
+            drop(intake.admit_send(&intake.send_budget(), &alice).expect("taken in"));
         }
-        let refused = intake.admit_send(&intake.send_budget(), &alice).err().unwrap();
+        let refused = intake.admit_send(&intake.send_budget(), &alice).err().expect("refused");
         assert_eq!(refused.limit, Limit::User);
         assert!(intake.admit_send(&intake.send_budget(), &user("bob")).is_ok(), "bob has his own");
         assert_eq!(intake.tracked_users(), 2);
@@ -360,9 +360,9 @@ mod tests {
     fn the_backlog_cap_refuses_until_a_send_is_done() {
         let intake = Intake::new(IntakeConfig { max_sends_in_flight: 2, sends_per_connection: 0, ..config() });
         let budget = intake.send_budget();
-        let first = intake.admit_send(&budget, &user("a")).unwrap();
-        let _second = intake.admit_send(&budget, &user("a")).unwrap();
-        let refused = intake.admit_send(&budget, &user("a")).err().unwrap();
+        let first = intake.admit_send(&budget, &user("a")).expect("taken in");
+        let _second = intake.admit_send(&budget, &user("a")).expect("taken in");
+        let refused = intake.admit_send(&budget, &user("a")).err().expect("refused");
         assert_eq!((refused.limit, refused.retry_after), (Limit::Backlog, BACKLOG_RETRY));
         drop(first);
         assert!(intake.admit_send(&budget, &user("a")).is_ok());
@@ -372,23 +372,24 @@ mod tests {
     fn the_node_bucket_holds_across_users() {
         let intake =
             Intake::new(IntakeConfig { sends_per_node: 2, node_burst: 2, sends_per_connection: 0, ..config() });
-        drop(intake.admit_send(&intake.send_budget(), &user("a")).unwrap());
-        drop(intake.admit_send(&intake.send_budget(), &user("b")).unwrap());
-        assert_eq!(intake.admit_send(&intake.send_budget(), &user("c")).err().unwrap().limit, Limit::Node);
+        drop(intake.admit_send(&intake.send_budget(), &user("a")).expect("taken in"));
+        drop(intake.admit_send(&intake.send_budget(), &user("b")).expect("taken in"));
+        assert_eq!(intake.admit_send(&intake.send_budget(), &user("c")).err().expect("refused").limit, Limit::Node);
     }
 
     #[test]
     fn connection_caps_count_open_connections_and_free_them_when_closed() {
         let intake = Arc::new(Intake::new(IntakeConfig { max_connections: 3, max_connections_per_ip: 2, ..config() }));
-        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let first = intake.open_connection(Some(a)).unwrap();
-        let second = intake.open_connection(Some(a)).unwrap();
-        assert_eq!(intake.open_connection(Some(a)).err().unwrap().limit, Limit::ConnectionsPerIp);
-        let _third = intake.open_connection(Some(b)).unwrap();
-        assert_eq!(intake.open_connection(Some(b)).err().unwrap().limit, Limit::Connections);
+        let (a, b): (IpAddr, IpAddr) =
+            ("10.0.0.1".parse().expect("an address"), "10.0.0.2".parse().expect("an address"));
+        let first = intake.open_connection(Some(a)).expect("taken in");
+        let second = intake.open_connection(Some(a)).expect("taken in");
+        assert_eq!(intake.open_connection(Some(a)).err().expect("refused").limit, Limit::ConnectionsPerIp);
+        let _third = intake.open_connection(Some(b)).expect("taken in");
+        assert_eq!(intake.open_connection(Some(b)).err().expect("refused").limit, Limit::Connections);
         assert_eq!(intake.connections(), 3, "refused connections are not counted");
         drop(first);
-        let again = intake.open_connection(Some(a)).unwrap();
+        let again = intake.open_connection(Some(a)).expect("taken in");
         assert_eq!(intake.per_ip.get(&a).map(|count| *count), Some(2));
         drop(second);
         drop(again);
@@ -406,17 +407,18 @@ mod tests {
             ..IntakeConfig::default()
         });
         let budget = intake.send_budget();
-        let held: Vec<_> = (0..10_000).map(|_| intake.admit_send(&budget, &user("a")).unwrap()).collect();
+        let held: Vec<_> = (0..10_000).map(|_| intake.admit_send(&budget, &user("a")).expect("taken in")).collect();
         assert_eq!(intake.backlog(), held.len());
-        assert!((0..10_000).all(|_| intake.admit_http("10.0.0.1".parse().unwrap()).is_ok()));
+        assert!((0..10_000).all(|_| intake.admit_http("10.0.0.1".parse().expect("an address")).is_ok()));
     }
 
     #[test]
     fn http_clients_are_limited_per_address() {
         let intake = Intake::new(IntakeConfig { http_requests_per_ip: 1, http_burst: 2, ..config() });
-        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let (a, b): (IpAddr, IpAddr) =
+            ("10.0.0.1".parse().expect("an address"), "10.0.0.2".parse().expect("an address"));
         assert!(intake.admit_http(a).is_ok() && intake.admit_http(a).is_ok());
-        let refused = intake.admit_http(a).err().unwrap();
+        let refused = intake.admit_http(a).expect_err("refused");
         assert_eq!(refused.limit, Limit::HttpClient);
         assert_eq!(refused.retry_after_secs(), 1);
         assert!(intake.admit_http(b).is_ok());
