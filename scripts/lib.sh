@@ -36,6 +36,16 @@ ensure_chromium() {
         || die "could not install chromium; install it (apt-get install -y chromium) or set HERALD_TEST_CHROMIUM"
 }
 
+# promtool checks and unit-tests deploy/prometheus/alerts.yml; it comes with Debian's
+# prometheus package (only the tool is used; no Prometheus server is started).
+ensure_promtool() {
+    command -v promtool >/dev/null 2>&1 && return 0
+    say "installing Debian's prometheus package (promtool tests the alert rules)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } >&2 \
+        || die "could not install promtool; install it (apt-get install -y prometheus)"
+    command -v promtool >/dev/null 2>&1 || die "the prometheus package did not provide promtool"
+}
+
 # Installs each built first-party plugin into DIR as <name>.wasm, its manifest beside it as
 # <name>.toml (the layout the node loads and hot-reloads).
 install_plugins() {

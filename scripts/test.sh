@@ -18,6 +18,7 @@ redis_cluster_url=$(ensure_redis_cluster)
 say "Redis Cluster up: $redis_cluster_url"
 ensure_wasm_target
 ensure_chromium
+ensure_promtool
 build_plugins debug
 build_test_guests
 
@@ -29,6 +30,10 @@ done
 
 say "links in README.md and docs/"
 scripts/check-links.sh
+
+say "alert rules (deploy/prometheus): promtool check and unit tests"
+promtool check rules deploy/prometheus/alerts.yml
+promtool test rules deploy/prometheus/alerts_test.yml
 
 say "clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -16,7 +16,7 @@ static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 /// starts its upkeep. `None` when another recorder was installed first.
 pub fn install() -> Option<&'static PrometheusHandle> {
     RECORDER
-        .get_or_init(|| match PrometheusBuilder::new().install_recorder() {
+        .get_or_init(|| match latency_buckets(PrometheusBuilder::new()).install_recorder() {
             Ok(handle) => {
                 let upkeep = handle.clone();
                 tokio::spawn(async move {
@@ -34,6 +34,22 @@ pub fn install() -> Option<&'static PrometheusHandle> {
             }
         })
         .as_ref()
+}
+
+/// Buckets (seconds) of the latency histograms alerts are computed from: a p99 across
+/// nodes needs buckets (`histogram_quantile`), not each node's own quantiles. The other
+/// histograms are rendered as summaries.
+const LATENCY_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// The send→ack and send→deliver-ack histograms (`herald_send_ack_seconds`,
+/// `herald_deliver_ack_seconds`) with [`LATENCY_BUCKETS`].
+fn latency_buckets(builder: PrometheusBuilder) -> PrometheusBuilder {
+    let matcher = Matcher::Suffix("_ack_seconds".to_owned());
+    // Only an empty bucket list is refused, and this one is not.
+    match builder.set_buckets_for_metric(matcher, LATENCY_BUCKETS) {
+        Ok(builder) => builder,
+        Err(error) => unreachable!("non-empty latency buckets refused: {error}"),
+    }
 }
 
 /// The metrics in Prometheus text format.

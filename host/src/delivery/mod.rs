@@ -320,12 +320,18 @@ impl Delivery {
     ) {
         if session.push(deliver(message.clone(), attempt)) {
             self.vitals.count_push(attempt);
+            if attempt == 1 {
+                session.note_push(conversation, message.seq, message.sent_at_ms);
+            }
             self.schedule_retry(Arc::clone(session), conversation.clone(), message, attempt);
         }
     }
 
-    /// Pushes `message` again after the backoff for `attempt` unless acked by then, the
-    /// attempts are used up, or the tier sheds retries (the device then syncs).
+    /// After the backoff for `attempt`, pushes `message` again unless it was acked by
+    /// then, the device went away, the attempts are used up, or the tier sheds retries
+    /// (the device then syncs). Each first push ends in one of those, counted in
+    /// `herald_delivery_settled_total{outcome}` (`acked`, `closed`, `given_up`, `shed`):
+    /// the delivery success rate is `acked` over all.
     fn schedule_retry(
         self: &Arc<Self>,
         session: Arc<Session>,
@@ -333,30 +339,43 @@ impl Delivery {
         message: v1::Message,
         attempt: u32,
     ) {
-        if attempt >= self.config.max_attempts {
-            return;
-        }
         let delivery = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(backoff(&delivery.config, attempt)).await;
-            if session.is_closed()
-                || session.acked_through(&conversation) >= message.seq
-                || !delivery.vitals.tier().retries()
-            {
+            let outcome = if session.acked_through(&conversation) >= message.seq {
+                "acked"
+            } else if session.is_closed() {
+                "closed"
+            } else if attempt >= delivery.config.max_attempts {
+                "given_up"
+            } else if !delivery.vitals.tier().retries() {
+                "shed"
+            } else {
+                metrics::counter!("herald_delivery_redeliveries_total").increment(1);
+                delivery.push_tracked(&session, &conversation, message, attempt + 1);
                 return;
-            }
-            metrics::counter!("herald_delivery_redeliveries_total").increment(1);
-            delivery.push_tracked(&session, &conversation, message, attempt + 1);
+            };
+            metrics::counter!("herald_delivery_settled_total", "outcome" => outcome).increment(1);
         });
     }
 
     /// A cumulative ack from a device: stops retries up to `seq` and moves its cursor.
+    /// An ack that covers the newest live push is a sample of send→deliver-ack latency
+    /// (`herald_deliver_ack_seconds`, from the message's `sent_at_ms`).
     pub async fn ack(&self, session: &Session, conversation: &ConversationId, seq: u64) {
         if self.membership.check_read(&session.user, conversation).await.is_err() {
             return; // not theirs: nothing to record
         }
         if session.record_ack(conversation, seq) {
             self.cursors.record(&session.user, &session.device, conversation, seq);
+        }
+        if let Some(sent_at_ms) = session.ack_covers_newest_push(conversation, seq) {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
+            // Another node's clock may be a little ahead: never a negative latency.
+            let seconds = now_ms.saturating_sub(sent_at_ms) as f64 / 1000.0;
+            metrics::histogram!("herald_deliver_ack_seconds").record(seconds);
         }
     }
 

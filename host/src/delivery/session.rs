@@ -49,6 +49,9 @@ pub struct Session {
     acked: Mutex<HashMap<ConversationId, u64>>,
     /// What was pushed and what is owed; see [`Ledger`].
     ledger: Mutex<Ledger>,
+    /// Per conversation, the newest live first push not yet acked: its seq and
+    /// `sent_at_ms`. The ack that covers it is one sample of send→deliver-ack latency.
+    newest_push: Mutex<HashMap<ConversationId, (u64, u64)>>,
 }
 
 /// Most conversations a connection notes as owed while it is not live; past this a
@@ -130,7 +133,29 @@ impl Session {
             live: AtomicBool::new(false),
             acked: Mutex::new(HashMap::new()),
             ledger: Mutex::new(Ledger::default()),
+            newest_push: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Notes a live first push of `seq` (stored at `sent_at_ms`) of `conversation`.
+    pub fn note_push(&self, conversation: &ConversationId, seq: u64, sent_at_ms: u64) {
+        let mut newest = self.newest_push.lock().unwrap_or_else(|p| p.into_inner());
+        match newest.get_mut(conversation) {
+            Some(entry) if entry.0 >= seq => {}
+            Some(entry) => *entry = (seq, sent_at_ms),
+            None => _ = newest.insert(conversation.clone(), (seq, sent_at_ms)),
+        }
+    }
+
+    /// When an ack through `seq` covers the newest push of `conversation` noted, that
+    /// push's `sent_at_ms` (once: the note is dropped).
+    pub fn ack_covers_newest_push(&self, conversation: &ConversationId, seq: u64) -> Option<u64> {
+        let mut newest = self.newest_push.lock().unwrap_or_else(|p| p.into_inner());
+        let &(pushed, sent_at_ms) = newest.get(conversation)?;
+        (pushed <= seq).then(|| {
+            newest.remove(conversation);
+            sent_at_ms
+        })
     }
 
     /// Queues `frame` without waiting; returns whether it was queued.

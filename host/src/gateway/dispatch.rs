@@ -1,7 +1,7 @@
 //! The reader side of a connection: decoding frames and handing each to its part.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::ws::{Message, WebSocket};
 use bytes::Bytes;
@@ -85,6 +85,13 @@ fn ack_frame(ack: SendAck) -> Frame {
     Frame::new(ack.rid, ack.ack)
 }
 
+/// Queues a `send_ack` for the client; the time since the send was `received` is its
+/// send→ack latency (`herald_send_ack_seconds`).
+fn answer(connection: &Connection, ack: Frame, received: Instant) {
+    connection.push(ack);
+    metrics::histogram!("herald_send_ack_seconds").record(received.elapsed().as_secs_f64());
+}
+
 /// The `send_ack` RETRY of a send the intake refused: nothing was taken in, the client
 /// resends the same `client_msg_id` after `retry_after_ms`.
 fn retry_frame(rid: u32, send: v1::Send, refused: &Refused) -> Frame {
@@ -108,10 +115,11 @@ async fn dispatch(gateway: &Arc<Gateway>, client: &Client, frame: Frame) -> Resu
     let (connection, session) = (&client.connection, &client.session);
     match body {
         Body::Send(send) => {
+            let received = Instant::now();
             let in_flight = match gateway.intake.admit_send(&client.budget, &session.user) {
                 Ok(in_flight) => in_flight,
                 Err(refused) => {
-                    connection.push(retry_frame(rid, send, &refused));
+                    answer(connection, retry_frame(rid, send, &refused), received);
                     return Ok(());
                 }
             };
@@ -122,8 +130,10 @@ async fn dispatch(gateway: &Arc<Gateway>, client: &Client, frame: Frame) -> Resu
                 connection: connection.id,
             };
             match gateway.pipeline.admit(SendRequest { origin, rid, send }).await {
-                Admission::Done(ack) => _ = connection.push(ack_frame(ack)),
-                Admission::Wait(rest) => _ = tokio::spawn(answer_when_settled(Arc::clone(connection), rest, in_flight)),
+                Admission::Done(ack) => answer(connection, ack_frame(ack), received),
+                Admission::Wait(rest) => {
+                    _ = tokio::spawn(answer_when_settled(Arc::clone(connection), rest, in_flight, received));
+                }
             }
         }
         Body::DeliverAck(ack) => match ConversationId::parse(&ack.conversation) {
@@ -188,9 +198,10 @@ async fn answer_when_settled(
     connection: Arc<Connection>,
     rest: std::pin::Pin<Box<dyn Future<Output = crate::pipeline::Settled> + Send>>,
     _in_flight: InFlight,
+    received: Instant,
 ) {
     let settled = rest.await;
-    connection.push(ack_frame(settled.ack));
+    answer(&connection, ack_frame(settled.ack), received);
     if let Some(fan_out) = settled.fan_out {
         fan_out.await;
     }

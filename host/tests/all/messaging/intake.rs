@@ -12,7 +12,7 @@ use tokio_tungstenite::tungstenite;
 
 use super::client::Client;
 use super::server::{DEV_KEY, Herald};
-use super::{WAIT, dm, uuid};
+use super::{WAIT, dm, metric, uuid};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_sending_ten_times_its_budget_gets_retry_and_loses_nothing_once_it_slows_down() {
@@ -198,9 +198,4 @@ async fn client_sockets_have_tcp_keepalive() {
         assert!(Instant::now() < deadline, "the server's socket has no keepalive timer:\n{sockets}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// The value of a metric line `name value` in Prometheus text, 0 when absent.
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines().find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0.0)
 }

@@ -27,6 +27,7 @@ mod delivery;
 mod durability;
 mod gateway;
 mod groups;
+mod health_metrics;
 mod heartbeat;
 mod hostile;
 mod http;
@@ -58,4 +59,9 @@ pub fn uuid() -> String {
 /// The direct conversation of two users: `dm:<a>:<b>` with `a < b` byte-wise.
 pub fn dm(a: &str, b: &str) -> String {
     if a < b { format!("dm:{a}:{b}") } else { format!("dm:{b}:{a}") }
+}
+
+/// The value of a metric line `name value` in Prometheus text, 0 when absent.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines().find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0.0)
 }
