@@ -248,15 +248,45 @@ pub enum SqliteSynchronous {
 pub struct GroupCommitConfig {
     /// Most rows committed by one transaction (1..=8192).
     pub max_batch: usize,
-    /// Batches written at once. Unset: 1 for SQLite (one writer anyway), 2 otherwise.
+    /// Batches written at once. Unset: 1 for SQLite and PostgreSQL, 2 for MariaDB/MySQL.
     pub writers: Option<usize>,
     /// Inserts waiting for a batch before callers are slowed down.
     pub queue: usize,
+    /// A batch not committed within this many ms fails (its senders get RETRY; a late
+    /// commit is harmless: the resend is answered DUPLICATE with the stored ids).
+    pub commit_timeout_ms: u64,
+    /// The store's circuit breaker: this many rows failed or timed out in a row, over at
+    /// least `breaker_span_ms`, open it for `breaker_open_ms`, during which sends are
+    /// answered RETRY at once instead of queueing into a database that does not answer;
+    /// then it lets a batch through to probe. The tier is at least `offline-only` while it
+    /// is not closed.
+    pub breaker_failures: u32,
+    pub breaker_span_ms: u64,
+    pub breaker_open_ms: u64,
 }
 
 impl Default for GroupCommitConfig {
     fn default() -> Self {
-        Self { max_batch: 4096, writers: None, queue: 65_536 }
+        Self {
+            max_batch: 4096,
+            writers: None,
+            queue: 65_536,
+            commit_timeout_ms: 5_000,
+            breaker_failures: 10,
+            breaker_span_ms: 1_000,
+            breaker_open_ms: 5_000,
+        }
+    }
+}
+
+impl GroupCommitConfig {
+    /// The store breaker's settings.
+    pub fn breaker(&self) -> crate::breaker::BreakerConfig {
+        crate::breaker::BreakerConfig {
+            failures: self.breaker_failures.max(1),
+            span: std::time::Duration::from_millis(self.breaker_span_ms),
+            open_for: std::time::Duration::from_millis(self.breaker_open_ms),
+        }
     }
 }
 

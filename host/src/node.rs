@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::breaker::{BreakerState, BreakerStatus};
 use crate::clock::{SystemClock, WallClock};
 use crate::config::{Config, DeliveryConfig};
 use crate::delivery::sessions::Sessions;
@@ -249,6 +250,16 @@ impl Node {
         self.cluster.as_ref().is_none_or(|cluster| cluster.holds_lease())
     }
 
+    /// Every circuit breaker of this node: the store's, and in cluster mode Redis' and each
+    /// peer link's.
+    pub fn breakers(&self) -> Vec<BreakerStatus> {
+        let mut breakers = vec![self.committer.breaker().status()];
+        if let Some(cluster) = &self.cluster {
+            breakers.extend(cluster.status().breakers);
+        }
+        breakers
+    }
+
     /// Cluster mode: whether Redis answers as far as this node knows (its breaker is not
     /// open), for `/readyz`. Always true in embedded mode.
     pub fn redis_available(&self) -> bool {
@@ -422,7 +433,8 @@ async fn forget_idle(seqs: Arc<SeqAllocator>, lanes: Arc<Lanes>, every: Duration
 }
 
 /// Samples the node's health every `interval` and sets the delivery tier the degrade hook
-/// chooses from it (the built-in default, when no plugin has the hook, is `normal`).
+/// chooses from it (the built-in default, when no plugin has the hook, is `normal`), at
+/// least `offline-only` while the store's circuit breaker is not closed.
 async fn watch_health(
     vitals: Arc<Vitals>,
     gateway: Arc<Gateway>,
@@ -437,11 +449,15 @@ async fn watch_health(
         every.tick().await;
         let health = sampler.sample(&vitals, gateway.connections.queue_depths(), committer.write_latency());
         metrics::gauge!("herald_store_latency_p99_ms").set(f64::from(health.store_latency_p99_ms));
-        let tier = if plugins.has_hook(Hook::Degrade) {
+        let chosen = if plugins.has_hook(Hook::Degrade) {
             Tier::from(plugins.degrade(&hook_health(&health)).await)
         } else {
             Tier::Normal
         };
+        // A breaker is a health input of its own: while the database does not answer, no
+        // retries (nothing new can be stored to push, and retries would only queue up).
+        let tier =
+            if committer.breaker().state() == BreakerState::Closed { chosen } else { chosen.max(Tier::OfflineOnly) };
         vitals.record(health, tier);
     }
 }

@@ -27,7 +27,11 @@ pub async fn plugins(State(node): State<Arc<Node>>, headers: HeaderMap) -> Resul
 /// `GET /admin/health`: the last health sample and the delivery tier chosen from it.
 pub async fn health(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
-    Ok(Json(json!({ "tier": node.vitals.tier(), "health": node.vitals.last_sample() })))
+    Ok(Json(json!({
+        "tier": node.vitals.tier(),
+        "health": node.vitals.last_sample(),
+        "breakers": node.breakers(),
+    })))
 }
 
 /// Query of `GET /admin/route`.

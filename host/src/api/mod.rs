@@ -165,8 +165,18 @@ async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>
     }
 }
 
-/// `GET /metrics`: Prometheus text format.
-async fn metrics() -> impl axum::response::IntoResponse {
+/// `GET /metrics`: Prometheus text format. Each plugin's calls, failures, timeouts and call
+/// p99 (the runtime keeps them for `/admin/plugins`) are copied in as they stand now.
+async fn metrics(State(node): State<Arc<Node>>) -> impl axum::response::IntoResponse {
+    for plugin in node.plugins.host.status() {
+        let name = plugin.name;
+        metrics::counter!("herald_plugin_calls_total", "plugin" => name.clone()).absolute(plugin.calls);
+        metrics::counter!("herald_plugin_failures_total", "plugin" => name.clone()).absolute(plugin.failures);
+        metrics::counter!("herald_plugin_timeouts_total", "plugin" => name.clone()).absolute(plugin.timeouts);
+        if let Some(p99_us) = plugin.p99_call_us {
+            metrics::gauge!("herald_plugin_call_p99_seconds", "plugin" => name).set(p99_us as f64 / 1e6);
+        }
+    }
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::telemetry::render())
 }
 

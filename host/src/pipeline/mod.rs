@@ -337,6 +337,11 @@ impl Pipeline {
         conversation: ConversationId,
         claim: OwnerClaim,
     ) -> Result<(Arc<Lane>, Message, Ticket), SendError> {
+        if !self.writer.available() {
+            // The store's breaker is open: answer RETRY now, before a seq is taken.
+            self.vitals.count_error();
+            return Err(SendError::StorageUnavailable);
+        }
         let body = self.apply_policy(request, &conversation, &client_msg_id).await?;
         self.record_direct(&conversation).await.map_err(|error| {
             tracing::warn!(%error, "recording a direct conversation failed");
@@ -467,7 +472,10 @@ impl Pipeline {
             // The seq taken is a gap.
             return Err(self.fenced(&message.conversation, "this node's cluster lease is in doubt"));
         }
-        let ticket = self.writer.submit(message.clone(), Some(fence)).await.map_err(|_| SendError::ShuttingDown)?;
+        let ticket = self.writer.submit(message.clone(), Some(fence)).await.map_err(|error| match error {
+            StoreError::Unavailable(_) => SendError::StorageUnavailable,
+            _ => SendError::ShuttingDown,
+        })?;
         lane.admitted(message.seq);
         Ok((message, ticket))
     }

@@ -19,6 +19,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::task::AbortHandle;
@@ -27,6 +29,7 @@ use super::latency::LatencyWindow;
 use super::messages::{Committed, Submission};
 use super::seq_lease::Fence;
 use super::{Backend, Database, Inserted, MessageWriter, StoreError};
+use crate::breaker::Breaker;
 use crate::config::GroupCommitConfig;
 use crate::model::Message;
 
@@ -64,6 +67,8 @@ pub struct GroupCommitter {
     latency: Arc<LatencyWindow>,
     /// Batches and rows written so far.
     totals: Arc<BatchTotals>,
+    /// Open while the database fails or does not answer: inserts are refused at once.
+    breaker: Breaker,
 }
 
 /// Batches and rows written since start: rows per batch is how well commits are shared.
@@ -91,19 +96,33 @@ impl GroupCommitter {
         let outstanding = Arc::new(AtomicUsize::new(0));
         let latency = Arc::new(LatencyWindow::default());
         let totals = Arc::new(BatchTotals::default());
+        let breaker = Breaker::new("store", config.breaker());
         let handles = (0..writers)
             .map(|n| {
-                let (outstanding, latency, totals) =
-                    (Arc::clone(&outstanding), Arc::clone(&latency), Arc::clone(&totals));
-                let receiver = Arc::clone(&receiver);
-                let writer = write_batches(database.clone(), receiver, config.max_batch, outstanding, latency, totals);
+                let writer = write_batches(
+                    database.clone(),
+                    Arc::clone(&receiver),
+                    config.max_batch,
+                    Duration::from_millis(config.commit_timeout_ms),
+                    Shared {
+                        outstanding: Arc::clone(&outstanding),
+                        latency: Arc::clone(&latency),
+                        totals: Arc::clone(&totals),
+                        breaker: breaker.clone(),
+                    },
+                );
                 match database.backend() {
                     Backend::Sqlite => on_own_thread(format!("herald-commit-{n}"), writer),
                     Backend::MySql | Backend::Postgres => tokio::spawn(writer).abort_handle(),
                 }
             })
             .collect();
-        Self { queue, writers: Arc::new(std::sync::Mutex::new(handles)), outstanding, latency, totals }
+        Self { queue, writers: Arc::new(std::sync::Mutex::new(handles)), outstanding, latency, totals, breaker }
+    }
+
+    /// The store's circuit breaker (`herald_breaker_state{breaker="store"}`).
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
     }
 
     /// Batches and rows written since start.
@@ -132,6 +151,9 @@ impl GroupCommitter {
 #[async_trait]
 impl MessageWriter for GroupCommitter {
     async fn submit(&self, message: Message, fence: Option<Fence>) -> Result<Ticket, StoreError> {
+        if !self.breaker.permits() {
+            return Err(StoreError::Unavailable("the store's circuit breaker is open".into()));
+        }
         let (done, outcome) = oneshot::channel();
         // Counted only once a place in the queue is had: a caller that gives up waiting for
         // one leaves nothing behind.
@@ -139,6 +161,10 @@ impl MessageWriter for GroupCommitter {
         self.outstanding.fetch_add(1, Ordering::SeqCst);
         place.send(Pending { submission: Submission { message, fence }, done });
         Ok(Ticket(outcome))
+    }
+
+    fn available(&self) -> bool {
+        self.breaker.permits()
     }
 }
 
@@ -166,15 +192,27 @@ fn on_own_thread(name: String, writer: impl Future<Output = ()> + Send + 'static
     abort
 }
 
-/// One writer: take what is queued, write it in one statement, report, repeat.
+/// What the writers of one committer share.
+struct Shared {
+    /// Inserts submitted and not yet answered.
+    outstanding: Arc<AtomicUsize>,
+    latency: Arc<LatencyWindow>,
+    totals: Arc<BatchTotals>,
+    breaker: Breaker,
+}
+
+/// One writer: take what is queued, write it in one statement (failing it when it takes
+/// longer than `commit_timeout`), report, repeat. Each batch tells the breaker how the
+/// database did: a row that failed for the database's sake (an error of its own, or no
+/// answer in time) is a failure, any other outcome a success.
 async fn write_batches(
     database: Database,
     receiver: Arc<Mutex<mpsc::Receiver<Pending>>>,
     max_batch: usize,
-    outstanding: Arc<AtomicUsize>,
-    latency: Arc<LatencyWindow>,
-    totals: Arc<BatchTotals>,
+    commit_timeout: Duration,
+    shared: Shared,
 ) {
+    let Shared { outstanding, latency, totals, breaker } = shared;
     // Commits that must still be made durable go to a task of their own, so this one
     // starts the next batch meanwhile (see `wal_sync`).
     let (to_sync, synced) = mpsc::unbounded_channel();
@@ -196,10 +234,15 @@ async fn write_batches(
         totals.batches.fetch_add(1, Ordering::Relaxed);
         totals.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        let committed = database.insert_messages_committed(&messages).await;
+        let committed = match tokio::time::timeout(commit_timeout, database.insert_messages_committed(&messages)).await
+        {
+            Ok(committed) => committed,
+            Err(_) => Committed::failed(messages.len(), &format!("no commit within {} ms", commit_timeout.as_millis())),
+        };
         let took = started.elapsed();
         latency.record(took);
         metrics::histogram!("herald_store_batch_seconds").record(took.as_secs_f64());
+        tell_breaker(&breaker, &committed.results);
         if committed.needs_sync() {
             if let Err(unsent) = to_sync.send((committed, waiters)) {
                 let (committed, waiters) = unsent.0;
@@ -212,6 +255,21 @@ async fn write_batches(
     }
     drop(to_sync);
     let _ = syncer.await; // report what is still being synced before the writer's thread ends
+}
+
+/// One failure per row the database failed (so a batch of many rows that timed out opens
+/// the breaker sooner than one row would), or one success.
+fn tell_breaker(breaker: &Breaker, results: &[Result<Inserted, StoreError>]) {
+    let failed = results
+        .iter()
+        .filter(|result| matches!(result, Err(StoreError::Database(_) | StoreError::Unavailable(_))))
+        .count();
+    if failed == 0 {
+        breaker.success();
+    }
+    for _ in 0..failed {
+        breaker.failure();
+    }
 }
 
 /// Makes committed batches durable, as many per fsync as are waiting, then tells each

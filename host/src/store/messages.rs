@@ -96,6 +96,11 @@ pub struct Committed {
 }
 
 impl Committed {
+    /// `count` rows that were not stored because the database did not answer (`why`).
+    pub fn failed(count: usize, why: &str) -> Self {
+        Self { results: (0..count).map(|_| Err(StoreError::Unavailable(why.to_owned()))).collect(), sync: None }
+    }
+
     /// Whether the outcomes may be reported only after [`Database::make_durable`].
     pub fn needs_sync(&self) -> bool {
         self.sync.is_some()

@@ -93,6 +93,8 @@ pub enum StoreError {
     Closed,
     #[error("could not make the write durable: {0}")]
     Sync(String),
+    #[error("the database is not answering ({0}); retry")]
+    Unavailable(String),
 }
 
 /// Who a `session_seq` row names as owner, for [`StoreError::Fenced`].

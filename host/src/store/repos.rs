@@ -60,8 +60,15 @@ pub trait MessageWriter: Send + Sync + 'static {
     /// stores it).
     ///
     /// # Errors
-    /// [`StoreError::Closed`] when the writer has stopped (the server is shutting down).
+    /// [`StoreError::Closed`] when the writer has stopped (the server is shutting down);
+    /// [`StoreError::Unavailable`] while the store's circuit breaker is open.
     async fn submit(&self, message: Message, fence: Option<Fence>) -> Result<Ticket, StoreError>;
+
+    /// Whether inserts are taken now: false while the store's circuit breaker is open (the
+    /// database did not answer), so a send is turned back before it takes a seq.
+    fn available(&self) -> bool {
+        true
+    }
 }
 
 /// How far each device has acknowledged each conversation.

@@ -245,7 +245,7 @@ pub async fn partitionable_proxy(url: &str, cut: Arc<AtomicBool>) -> String {
 }
 
 /// Starts a proxy to `target` (`host:port`); returns the `host:port` it listens on.
-async fn proxy_to(target: String, cut: Arc<AtomicBool>) -> String {
+pub async fn proxy_to(target: String, cut: Arc<AtomicBool>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
     let address = listener.local_addr().expect("proxy address");
     tokio::spawn(async move {

@@ -36,6 +36,7 @@ mod plugins;
 mod reconnect;
 mod rooms;
 mod slow_consumer;
+mod store_breaker;
 mod sync;
 mod validation;
 mod web;

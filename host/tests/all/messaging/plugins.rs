@@ -69,6 +69,12 @@ async fn room_rate_limit_rejects_a_second_message_within_the_room_interval() {
     // Direct messages are not covered by the room rules.
     alice.send_ok("dm:alice:bob", "dm 1").await;
     alice.send_ok("dm:alice:bob", "dm 2").await;
+    // Its calls are in /metrics: one message-policy call per send at least.
+    let metrics = herald.get("/metrics", None).await.body;
+    let calls = super::metric(&metrics, "herald_plugin_calls_total{plugin=\"room-rate-limit\"}");
+    assert!(calls >= 4.0, "four sends went through the plugin: {calls}\n{metrics}");
+    assert!(metrics.contains("herald_plugin_failures_total{plugin=\"room-rate-limit\"} 0"), "{metrics}");
+    assert!(metrics.contains("herald_plugin_call_p99_seconds{plugin=\"room-rate-limit\"}"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
