@@ -112,13 +112,17 @@ impl Default for GatewayConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct DeliveryConfig {
     /// A pushed message not acked within this many ms is pushed again; the wait doubles
-    /// each attempt (2 s, 4 s, 8 s …).
+    /// each attempt (2 s, 4 s, 8 s …). The least ack timeout: a connection whose round
+    /// trips are slow or jittery gets a longer one (see `delivery::rtt`).
     pub ack_timeout_ms: u64,
+    /// The most a connection's measured round trips may stretch its ack timeout to.
+    pub ack_timeout_max_ms: u64,
     /// Cap on the wait between attempts.
     pub backoff_max_ms: u64,
     /// Random extra wait, as a share of the wait (0.3 = 0–30 %).
     pub jitter: f64,
-    /// Pushes of one message to one device, the first included; then it waits for pull.
+    /// Pushes of one message to one device, the first included (6: the first push and 5
+    /// retries, as seed 001 counts them); then it waits for pull.
     pub max_attempts: u32,
     /// Acked cursors are written to storage at most this often (coalesced).
     pub cursor_flush_ms: u64,
@@ -141,9 +145,10 @@ impl Default for DeliveryConfig {
     fn default() -> Self {
         Self {
             ack_timeout_ms: 2_000,
+            ack_timeout_max_ms: 30_000,
             backoff_max_ms: 60_000,
             jitter: 0.3,
-            max_attempts: 5,
+            max_attempts: 6,
             cursor_flush_ms: 100,
             backfill_limit: 1_000,
             backfill_concurrency: 32,

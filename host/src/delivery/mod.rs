@@ -11,6 +11,7 @@
 pub mod backfill;
 pub mod cursors;
 pub mod pull;
+pub mod rtt;
 pub mod session;
 pub mod sessions;
 
@@ -341,7 +342,9 @@ impl Delivery {
     ) {
         let delivery = Arc::clone(self);
         tokio::spawn(async move {
-            tokio::time::sleep(backoff(&delivery.config, attempt)).await;
+            let config = &delivery.config;
+            let ack_timeout_ms = session.rtt.ack_timeout_ms(config.ack_timeout_ms, config.ack_timeout_max_ms);
+            tokio::time::sleep(backoff(config, ack_timeout_ms, attempt)).await;
             let outcome = if session.acked_through(&conversation) >= message.seq {
                 "acked"
             } else if session.is_closed() {
@@ -369,7 +372,8 @@ impl Delivery {
         if session.record_ack(conversation, seq) {
             self.cursors.record(&session.user, &session.device, conversation, seq);
         }
-        if let Some(sent_at_ms) = session.ack_covers_newest_push(conversation, seq) {
+        if let Some((sent_at_ms, pushed_at)) = session.ack_covers_newest_push(conversation, seq) {
+            session.rtt.sample(pushed_at.elapsed());
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
@@ -394,11 +398,12 @@ impl Delivery {
     }
 }
 
-/// The wait after push number `attempt`: ack timeout × 2^(attempt-1), capped at the
-/// backoff maximum, plus a random 0..jitter share of itself.
-pub fn backoff(config: &DeliveryConfig, attempt: u32) -> Duration {
-    let base = config.ack_timeout_ms.saturating_mul(1u64 << attempt.saturating_sub(1).min(20));
-    let capped = base.min(config.backoff_max_ms.max(config.ack_timeout_ms));
+/// The wait after push number `attempt`: the connection's ack timeout (`ack_timeout_ms`,
+/// see [`rtt`]) × 2^(attempt-1), capped at the backoff maximum, plus a random 0..jitter
+/// share of itself.
+pub fn backoff(config: &DeliveryConfig, ack_timeout_ms: u64, attempt: u32) -> Duration {
+    let base = ack_timeout_ms.saturating_mul(1u64 << attempt.saturating_sub(1).min(20));
+    let capped = base.min(config.backoff_max_ms.max(ack_timeout_ms));
     let jitter = rand::random::<f64>() * config.jitter;
     Duration::from_millis(capped + (capped as f64 * jitter) as u64)
 }
@@ -416,7 +421,7 @@ mod tests {
         let base = [2000u64, 4000, 8000, 16_000, 32_000, 60_000, 60_000];
         for (attempt, expected) in (1..).zip(base) {
             for _ in 0..50 {
-                let wait = super::backoff(&config, attempt).as_millis() as u64;
+                let wait = super::backoff(&config, config.ack_timeout_ms, attempt).as_millis() as u64;
                 assert!((expected..=expected * 13 / 10).contains(&wait), "attempt {attempt}: {wait} ms");
             }
         }

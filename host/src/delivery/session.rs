@@ -13,10 +13,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use herald_proto::v1::Frame;
 
+use super::rtt::RttEstimate;
 use crate::model::{ConnectionId, ConversationId, DeviceId, UserId};
 
 /// Where a session's frames go: the gateway's socket writer for a local connection.
@@ -49,9 +51,12 @@ pub struct Session {
     acked: Mutex<HashMap<ConversationId, u64>>,
     /// What was pushed and what is owed; see [`Ledger`].
     ledger: Mutex<Ledger>,
-    /// Per conversation, the newest live first push not yet acked: its seq and
-    /// `sent_at_ms`. The ack that covers it is one sample of send→deliver-ack latency.
-    newest_push: Mutex<HashMap<ConversationId, (u64, u64)>>,
+    /// Per conversation, the newest live first push not yet acked: its seq, `sent_at_ms`
+    /// and when it was pushed. The ack that covers it is one sample of send→deliver-ack
+    /// latency and one of the connection's round trip.
+    newest_push: Mutex<HashMap<ConversationId, (u64, u64, Instant)>>,
+    /// This connection's round trips, for its ack timeout.
+    pub rtt: RttEstimate,
 }
 
 /// Most conversations a connection notes as owed while it is not live; past this a
@@ -134,6 +139,7 @@ impl Session {
             acked: Mutex::new(HashMap::new()),
             ledger: Mutex::new(Ledger::default()),
             newest_push: Mutex::new(HashMap::new()),
+            rtt: RttEstimate::default(),
         }
     }
 
@@ -142,19 +148,19 @@ impl Session {
         let mut newest = self.newest_push.lock().unwrap_or_else(|p| p.into_inner());
         match newest.get_mut(conversation) {
             Some(entry) if entry.0 >= seq => {}
-            Some(entry) => *entry = (seq, sent_at_ms),
-            None => _ = newest.insert(conversation.clone(), (seq, sent_at_ms)),
+            Some(entry) => *entry = (seq, sent_at_ms, Instant::now()),
+            None => _ = newest.insert(conversation.clone(), (seq, sent_at_ms, Instant::now())),
         }
     }
 
     /// When an ack through `seq` covers the newest push of `conversation` noted, that
-    /// push's `sent_at_ms` (once: the note is dropped).
-    pub fn ack_covers_newest_push(&self, conversation: &ConversationId, seq: u64) -> Option<u64> {
+    /// push's `sent_at_ms` and when it was pushed (once: the note is dropped).
+    pub fn ack_covers_newest_push(&self, conversation: &ConversationId, seq: u64) -> Option<(u64, Instant)> {
         let mut newest = self.newest_push.lock().unwrap_or_else(|p| p.into_inner());
-        let &(pushed, sent_at_ms) = newest.get(conversation)?;
+        let &(pushed, sent_at_ms, pushed_at) = newest.get(conversation)?;
         (pushed <= seq).then(|| {
             newest.remove(conversation);
-            sent_at_ms
+            (sent_at_ms, pushed_at)
         })
     }
 

@@ -162,7 +162,14 @@ async fn dispatch(gateway: &Arc<Gateway>, client: &Client, frame: Frame) -> Resu
             }
         }
         Body::Ping(ping) => _ = connection.push(Frame::new(rid, v1::Pong { time_ms: ping.time_ms })),
-        Body::Pong(_) => {}
+        // The answer to our ping echoes its time: one round trip of this connection.
+        Body::Pong(pong) => {
+            let round_trip =
+                gateway.clock.now_ms().checked_sub(pong.time_ms).filter(|&ms| pong.time_ms > 0 && ms < 120_000);
+            if let Some(ms) = round_trip {
+                session.rtt.sample(Duration::from_millis(ms));
+            }
+        }
         other => {
             return Err(CloseReason::new(
                 close::PROTOCOL_ERROR,

@@ -139,3 +139,38 @@ async fn a_message_sent_while_the_device_is_backfilled_is_pushed_too() {
         bob.deliver_in(&format!("grp:g{g}")).await;
     }
 }
+
+/// The ack timeout adapts to the connection: a device that acks 800 ms after each push is
+/// pushed its first message again at the configured 300 ms, but once its round trips are
+/// measured, its timeout grows past them and nothing more is pushed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_acks_slowly_gets_a_longer_ack_timeout_instead_of_repeated_pushes() {
+    let herald = Herald::with()
+        .set("DELIVERY__ACK_TIMEOUT_MS", 300)
+        .set("DELIVERY__ACK_TIMEOUT_MAX_MS", 10_000)
+        .set("DELIVERY__JITTER", 0)
+        .start()
+        .await;
+    let mut alice = Client::connect(&herald, "alice", "laptop").await;
+    let mut bob = Client::connect(&herald, "bob", "phone").await;
+    let conversation = dm("alice", "bob");
+    let slow_ack = Duration::from_millis(800);
+
+    let first = alice.send_ok(&conversation, "first").await;
+    let message = bob.deliver_of(first.message_id).await.message.expect("message");
+    // Nothing measured yet: the configured 300 ms, so it comes again before bob acks.
+    let again = bob.deliver_of(first.message_id).await;
+    assert!(again.attempt > 1, "pushed again at the configured timeout: {again:?}");
+    tokio::time::sleep(slow_ack).await;
+    bob.deliver_ack(&conversation, message.seq).await;
+
+    for n in 0..3 {
+        let sent = alice.send_ok(&conversation, format!("later {n}")).await;
+        let message = bob.deliver_of(sent.message_id).await.message.expect("message");
+        bob.assert_quiet(slow_ack, "a push again while bob's ack is on its way", |frame| {
+            matches!(&frame.body, Some(Body::Deliver(d)) if d.attempt > 1 && d.message.as_ref().is_some_and(|m| m.id == sent.message_id))
+        })
+        .await;
+        bob.deliver_ack(&conversation, message.seq).await;
+    }
+}
