@@ -146,6 +146,7 @@ impl Delivery {
                     return false;
                 }
                 self.vitals.count_push(1);
+                session.note_push(conversation, message.seq, None);
                 self.schedule_retry(Arc::clone(session), conversation.clone(), wire, 1);
             }
         }

@@ -322,7 +322,7 @@ impl Delivery {
         if session.push(deliver(message.clone(), attempt)) {
             self.vitals.count_push(attempt);
             if attempt == 1 {
-                session.note_push(conversation, message.seq, message.sent_at_ms);
+                session.note_push(conversation, message.seq, Some(message.sent_at_ms));
             }
             self.schedule_retry(Arc::clone(session), conversation.clone(), message, attempt);
         }
@@ -372,8 +372,9 @@ impl Delivery {
         if session.record_ack(conversation, seq) {
             self.cursors.record(&session.user, &session.device, conversation, seq);
         }
-        if let Some((sent_at_ms, pushed_at)) = session.ack_covers_newest_push(conversation, seq) {
-            session.rtt.sample(pushed_at.elapsed());
+        let Some((sent_at_ms, pushed_at)) = session.ack_covers_newest_push(conversation, seq) else { return };
+        session.rtt.sample(pushed_at.elapsed());
+        if let Some(sent_at_ms) = sent_at_ms {
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX));

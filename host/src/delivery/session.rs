@@ -51,10 +51,11 @@ pub struct Session {
     acked: Mutex<HashMap<ConversationId, u64>>,
     /// What was pushed and what is owed; see [`Ledger`].
     ledger: Mutex<Ledger>,
-    /// Per conversation, the newest live first push not yet acked: its seq, `sent_at_ms`
-    /// and when it was pushed. The ack that covers it is one sample of send→deliver-ack
-    /// latency and one of the connection's round trip.
-    newest_push: Mutex<HashMap<ConversationId, (u64, u64, Instant)>>,
+    /// Per conversation, the newest first push not yet acked: its seq, `sent_at_ms`
+    /// (`None` for a backfill push, whose message may be old), and when it was pushed. The
+    /// ack that covers it is one sample of the connection's round trip, and for a live push
+    /// one of send→deliver-ack latency.
+    newest_push: Mutex<HashMap<ConversationId, (u64, Option<u64>, Instant)>>,
     /// This connection's round trips, for its ack timeout.
     pub rtt: RttEstimate,
 }
@@ -143,8 +144,9 @@ impl Session {
         }
     }
 
-    /// Notes a live first push of `seq` (stored at `sent_at_ms`) of `conversation`.
-    pub fn note_push(&self, conversation: &ConversationId, seq: u64, sent_at_ms: u64) {
+    /// Notes a first push of `seq` of `conversation`: live (`sent_at_ms` given, when it was
+    /// stored) or by backfill (`None`).
+    pub fn note_push(&self, conversation: &ConversationId, seq: u64, sent_at_ms: Option<u64>) {
         let mut newest = self.newest_push.lock().unwrap_or_else(|p| p.into_inner());
         match newest.get_mut(conversation) {
             Some(entry) if entry.0 >= seq => {}
@@ -154,8 +156,8 @@ impl Session {
     }
 
     /// When an ack through `seq` covers the newest push of `conversation` noted, that
-    /// push's `sent_at_ms` and when it was pushed (once: the note is dropped).
-    pub fn ack_covers_newest_push(&self, conversation: &ConversationId, seq: u64) -> Option<(u64, Instant)> {
+    /// push's `sent_at_ms` (live pushes) and when it was pushed (once: the note is dropped).
+    pub fn ack_covers_newest_push(&self, conversation: &ConversationId, seq: u64) -> Option<(Option<u64>, Instant)> {
         let mut newest = self.newest_push.lock().unwrap_or_else(|p| p.into_inner());
         let &(pushed, sent_at_ms, pushed_at) = newest.get(conversation)?;
         (pushed <= seq).then(|| {

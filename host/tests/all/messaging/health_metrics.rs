@@ -56,10 +56,13 @@ async fn the_five_health_metrics_follow_what_devices_do() {
     assert_eq!(value("herald_send_ack_seconds_count"), 10.0, "{text}");
     assert_eq!(value("herald_send_ack_seconds_bucket{le=\"+Inf\"}"), 10.0, "{text}");
     assert!(value("herald_send_ack_seconds_sum") > 0.0);
-    // 3b. send→deliver-ack latency: one sample per ack covering the newest push (bob's 5).
-    assert_eq!(value("herald_deliver_ack_seconds_count"), 5.0, "{text}");
+    // 3b. send→deliver-ack latency: one sample per ack covering the newest live push (bob's
+    // 5; one fewer when bob's first message raced his connect and came by his backfill,
+    // whose messages may be old and are not sampled).
+    let samples = value("herald_deliver_ack_seconds_count");
+    assert!((4.0..=5.0).contains(&samples), "{samples} samples:\n{text}");
     let within_a_second = value("herald_deliver_ack_seconds_bucket{le=\"1\"}");
-    assert_eq!(within_a_second, 5.0, "bob acked at once:\n{text}");
+    assert_eq!(within_a_second, samples, "bob acked at once:\n{text}");
     // 4. Backlog: nothing in flight once every send is done.
     assert_eq!(value("herald_send_backlog"), 0.0);
     // 5. Connection survival is active over peak: the active count is exported.
