@@ -55,9 +55,18 @@ pub struct Session {
     /// (`None` for a backfill push, whose message may be old), and when it was pushed. The
     /// ack that covers it is one sample of the connection's round trip, and for a live push
     /// one of send→deliver-ack latency.
-    newest_push: Mutex<HashMap<ConversationId, (u64, Option<u64>, Instant)>>,
+    newest_push: Mutex<HashMap<ConversationId, NewestPush>>,
     /// This connection's round trips, for its ack timeout.
     pub rtt: RttEstimate,
+}
+
+/// The newest first push of a conversation not yet acked (see `Session::note_push`).
+#[derive(Clone, Copy)]
+struct NewestPush {
+    seq: u64,
+    /// When its message was stored; `None` for a backfill push.
+    sent_at_ms: Option<u64>,
+    pushed_at: Instant,
 }
 
 /// Most conversations a connection notes as owed while it is not live; past this a
@@ -147,11 +156,12 @@ impl Session {
     /// Notes a first push of `seq` of `conversation`: live (`sent_at_ms` given, when it was
     /// stored) or by backfill (`None`).
     pub fn note_push(&self, conversation: &ConversationId, seq: u64, sent_at_ms: Option<u64>) {
+        let push = NewestPush { seq, sent_at_ms, pushed_at: Instant::now() };
         let mut newest = self.newest_push.lock().unwrap_or_else(|p| p.into_inner());
         match newest.get_mut(conversation) {
-            Some(entry) if entry.0 >= seq => {}
-            Some(entry) => *entry = (seq, sent_at_ms, Instant::now()),
-            None => _ = newest.insert(conversation.clone(), (seq, sent_at_ms, Instant::now())),
+            Some(entry) if entry.seq >= seq => {}
+            Some(entry) => *entry = push,
+            None => _ = newest.insert(conversation.clone(), push),
         }
     }
 
@@ -159,10 +169,10 @@ impl Session {
     /// push's `sent_at_ms` (live pushes) and when it was pushed (once: the note is dropped).
     pub fn ack_covers_newest_push(&self, conversation: &ConversationId, seq: u64) -> Option<(Option<u64>, Instant)> {
         let mut newest = self.newest_push.lock().unwrap_or_else(|p| p.into_inner());
-        let &(pushed, sent_at_ms, pushed_at) = newest.get(conversation)?;
-        (pushed <= seq).then(|| {
+        let push = *newest.get(conversation)?;
+        (push.seq <= seq).then(|| {
             newest.remove(conversation);
-            (sent_at_ms, pushed_at)
+            (push.sent_at_ms, push.pushed_at)
         })
     }
 
