@@ -11,6 +11,7 @@ mod users;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -165,9 +166,13 @@ async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>
     }
 }
 
-/// `GET /metrics`: Prometheus text format. Each plugin's calls, failures, timeouts and call
-/// p99 (the runtime keeps them for `/admin/plugins`) are copied in as they stand now.
+/// `GET /metrics`: Prometheus text format. Counts the node keeps anyway are copied in as
+/// they stand now rather than recorded twice: pushes and redeliveries (its vitals), and each
+/// plugin's calls, failures, timeouts and call p99 (the runtime's, for `/admin/plugins`).
 async fn metrics(State(node): State<Arc<Node>>) -> impl axum::response::IntoResponse {
+    let vitals = &node.vitals;
+    metrics::counter!("herald_delivery_pushes_total").absolute(vitals.pushes.load(Ordering::Relaxed));
+    metrics::counter!("herald_delivery_redeliveries_total").absolute(vitals.redeliveries.load(Ordering::Relaxed));
     for plugin in node.plugins.host.status() {
         let name = plugin.name;
         metrics::counter!("herald_plugin_calls_total", "plugin" => name.clone()).absolute(plugin.calls);

@@ -23,6 +23,7 @@ use futures_util::future::join_all;
 use herald_proto::v1::{self, Frame};
 use tokio::sync::Semaphore;
 
+use crate::clock::{SystemClock, WallClock};
 use crate::config::DeliveryConfig;
 use crate::health::Vitals;
 use crate::membership::Membership;
@@ -349,12 +350,11 @@ impl Delivery {
                 "acked"
             } else if session.is_closed() {
                 "closed"
-            } else if attempt >= delivery.config.max_attempts {
+            } else if attempt >= config.max_attempts {
                 "given_up"
             } else if !delivery.vitals.tier().retries() {
                 "shed"
             } else {
-                metrics::counter!("herald_delivery_redeliveries_total").increment(1);
                 delivery.push_tracked(&session, &conversation, message, attempt + 1);
                 return;
             };
@@ -375,11 +375,8 @@ impl Delivery {
         let Some((sent_at_ms, pushed_at)) = session.ack_covers_newest_push(conversation, seq) else { return };
         session.rtt.sample(pushed_at.elapsed());
         if let Some(sent_at_ms) = sent_at_ms {
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
             // Another node's clock may be a little ahead: never a negative latency.
-            let seconds = now_ms.saturating_sub(sent_at_ms) as f64 / 1000.0;
+            let seconds = SystemClock.now_ms().saturating_sub(sent_at_ms) as f64 / 1000.0;
             metrics::histogram!("herald_deliver_ack_seconds").record(seconds);
         }
     }

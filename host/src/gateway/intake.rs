@@ -222,11 +222,6 @@ impl Intake {
         }
     }
 
-    /// Users with a bucket in memory (for the soak test's map sizes).
-    pub fn tracked_users(&self) -> usize {
-        self.per_user.as_ref().map_or(0, RateLimiter::len)
-    }
-
     /// Sends taken in and not yet done.
     pub fn backlog(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
@@ -353,7 +348,7 @@ mod tests {
         let refused = intake.admit_send(&intake.send_budget(), &alice).err().expect("refused");
         assert_eq!(refused.limit, Limit::User);
         assert!(intake.admit_send(&intake.send_budget(), &user("bob")).is_ok(), "bob has his own");
-        assert_eq!(intake.tracked_users(), 2);
+        assert_eq!(intake.per_user.as_ref().map_or(0, RateLimiter::len), 2, "a bucket per user");
     }
 
     #[test]
