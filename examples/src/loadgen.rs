@@ -12,7 +12,8 @@
 //! stop. Every phase is bounded in time, so a run ends even if the server stops answering.
 //!
 //! What is measured: send → deliver latency from a timestamp inside each body (so the
-//! receiver needs no shared table), send → `send_ack` latency, and throughput as distinct
+//! receiver needs no shared table), send → `send_ack` latency (of the attempt the server
+//! took in: a send answered RETRY is timed again from its resend), and throughput as distinct
 //! messages delivered inside the window per second. In rate mode the timestamp is the
 //! *scheduled* send time, so a backlog in the client or server shows up as latency instead
 //! of silently lowering the rate (no coordinated omission). Asked for, the run also keeps

@@ -91,6 +91,15 @@ impl BreakerState {
         }
     }
 
+    /// The state as `/admin/health` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::HalfOpen => "half_open",
+            Self::Open => "open",
+        }
+    }
+
     fn number(self) -> u8 {
         match self {
             Self::Closed => 0,

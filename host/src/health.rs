@@ -6,9 +6,10 @@
 //! errors per second; the degrade hook (or the built-in default, `normal`) picks the tier,
 //! which [`Delivery`](crate::delivery::Delivery) obeys until the next sample.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -23,11 +24,20 @@ pub struct Vitals {
     pub redeliveries: AtomicU64,
     /// Failures a client sees (RETRY for storage, reads that failed).
     pub errors: AtomicU64,
+    /// Messages stored as new by this node (the owner of their conversation).
+    pub stored: AtomicU64,
+    /// send→deliver-ack latencies since the last sample.
+    pub deliver_acks: LatencyWindow,
     /// The current tier (see [`Tier`]).
     tier: AtomicU8,
-    /// The last sample.
-    last: Mutex<Health>,
+    /// The last sample, and why the tier in force was chosen.
+    last: Mutex<(Health, String)>,
+    /// The last [`TIMELINE_POINTS`] samples, oldest first: the admin page's charts.
+    timeline: Mutex<VecDeque<Point>>,
 }
+
+/// How many samples [`Vitals::timeline`] keeps: five minutes at the default interval.
+pub const TIMELINE_POINTS: usize = 300;
 
 impl Vitals {
     /// Counts a push (`/metrics` shows the counts as `herald_delivery_pushes_total` and
@@ -41,6 +51,11 @@ impl Vitals {
         self.errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a message stored as new.
+    pub fn count_stored(&self) {
+        self.stored.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The delivery tier in force.
     pub fn tier(&self) -> Tier {
         Tier::from_u8(self.tier.load(Ordering::Relaxed))
@@ -48,12 +63,28 @@ impl Vitals {
 
     /// The last health sample.
     pub fn last_sample(&self) -> Health {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).0.clone()
     }
 
-    /// Records a sample and the tier chosen from it.
-    pub fn record(&self, health: Health, tier: Tier) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = health;
+    /// Why the tier in force was chosen (empty before the first sample).
+    pub fn tier_reason(&self) -> String {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).1.clone()
+    }
+
+    /// The samples' chart points, oldest first.
+    pub fn timeline(&self) -> Vec<Point> {
+        self.timeline.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect()
+    }
+
+    /// Records a sample, the tier chosen from it and why.
+    pub fn record(&self, sample: Sample, tier: Tier, why: String) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = (sample.health, why);
+        let mut timeline = self.timeline.lock().unwrap_or_else(|p| p.into_inner());
+        if timeline.len() == TIMELINE_POINTS {
+            timeline.pop_front();
+        }
+        timeline.push_back(sample.point);
+        drop(timeline);
         self.set_tier(tier);
     }
 
@@ -141,12 +172,35 @@ pub struct Health {
     pub errors_per_second: f32,
 }
 
+/// One point of the admin page's charts: the node over one sample interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Point {
+    /// When the interval ended, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// Messages stored as new per second.
+    pub messages_per_s: f32,
+    /// p99 of send→deliver-ack over the interval, ms (0 when no ack came in).
+    pub deliver_p99_ms: f32,
+    /// Open client connections.
+    pub connections: u64,
+    /// Sends taken in and not yet done (`herald_send_backlog`).
+    pub backlog: u64,
+}
+
+/// What one sample yields: the degrade hook's input and a chart point.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sample {
+    pub health: Health,
+    pub point: Point,
+}
+
 /// Turns the running counters into per-window rates.
 pub struct Sampler {
     last_at: Instant,
     last_pushes: u64,
     last_redeliveries: u64,
     last_errors: u64,
+    last_stored: u64,
     last_cpu_ticks: Option<u64>,
     cores: f32,
 }
@@ -165,14 +219,21 @@ impl Sampler {
             last_pushes: 0,
             last_redeliveries: 0,
             last_errors: 0,
+            last_stored: 0,
             last_cpu_ticks: cpu_ticks(),
             cores,
         }
     }
 
-    /// A snapshot from `vitals`, the queue depths (one per open connection) and the
-    /// store's write latencies.
-    pub fn sample(&mut self, vitals: &Vitals, mut queue_depths: Vec<u32>, store_writes: &LatencyWindow) -> Health {
+    /// A snapshot from `vitals`, the queue depths (one per open connection), the store's
+    /// write latencies and the send backlog.
+    pub fn sample(
+        &mut self,
+        vitals: &Vitals,
+        mut queue_depths: Vec<u32>,
+        store_writes: &LatencyWindow,
+        backlog: usize,
+    ) -> Sample {
         let now = Instant::now();
         let seconds = now.duration_since(self.last_at).as_secs_f32().max(1e-3);
         self.last_at = now;
@@ -185,6 +246,7 @@ impl Sampler {
         let pushes = delta(&vitals.pushes, &mut self.last_pushes);
         let redeliveries = delta(&vitals.redeliveries, &mut self.last_redeliveries);
         let errors = delta(&vitals.errors, &mut self.last_errors);
+        let stored = delta(&vitals.stored, &mut self.last_stored);
         let ticks = cpu_ticks();
         let cpu_load = match (ticks, self.last_cpu_ticks) {
             // /proc reports CPU time in USER_HZ, 100 per second on Linux.
@@ -192,8 +254,16 @@ impl Sampler {
             _ => 0.0,
         };
         self.last_cpu_ticks = ticks;
-        Health {
-            connections: queue_depths.len() as u64,
+        let connections = queue_depths.len() as u64;
+        let point = Point {
+            at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64),
+            messages_per_s: stored as f32 / seconds,
+            deliver_p99_ms: vitals.deliver_acks.take_p99_micros() as f32 / 1000.0,
+            connections,
+            backlog: backlog as u64,
+        };
+        let health = Health {
+            connections,
             send_queue_depth_max: queue_depths.iter().copied().max().unwrap_or(0),
             send_queue_depth_p99: percentile(&mut queue_depths, 0.99),
             store_latency_p99_ms: store_writes.take_p99_ms(),
@@ -204,7 +274,8 @@ impl Sampler {
             },
             cpu_load,
             errors_per_second: errors as f32 / seconds,
-        }
+        };
+        Sample { health, point }
     }
 }
 
@@ -236,12 +307,18 @@ mod tests {
         vitals.count_error();
         let writes = LatencyWindow::default();
         writes.record(Duration::from_millis(12));
-        let health = sampler.sample(&vitals, vec![0, 3, 10], &writes);
+        vitals.count_stored();
+        vitals.count_stored();
+        vitals.deliver_acks.record(Duration::from_micros(4_500));
+        let Sample { health, point } = sampler.sample(&vitals, vec![0, 3, 10], &writes, 7);
         assert_eq!((health.connections, health.send_queue_depth_max, health.send_queue_depth_p99), (3, 10, 10));
         assert!((health.redelivery_ratio - 0.25).abs() < 1e-6, "{health:?}");
         assert_eq!(health.store_latency_p99_ms, 12);
         assert!(health.errors_per_second > 0.0);
-        let quiet = sampler.sample(&vitals, Vec::new(), &writes);
+        assert!(point.messages_per_s > 0.0, "{point:?}");
+        assert_eq!((point.deliver_p99_ms, point.connections, point.backlog), (4.5, 3, 7));
+        let Sample { health: quiet, point: still } = sampler.sample(&vitals, Vec::new(), &writes, 0);
+        assert_eq!((still.messages_per_s, still.deliver_p99_ms, still.backlog), (0.0, 0.0, 0));
         assert_eq!(
             (quiet.redelivery_ratio, quiet.errors_per_second, quiet.connections, quiet.store_latency_p99_ms),
             (0.0, 0.0, 0, 0)
@@ -259,5 +336,19 @@ mod tests {
         assert_eq!(vitals.tier(), Tier::Normal);
         vitals.set_tier(Tier::NoBackfill);
         assert_eq!(vitals.tier(), Tier::NoBackfill);
+    }
+
+    #[test]
+    fn the_timeline_keeps_the_last_points_oldest_first_and_the_reason_for_the_tier() {
+        let vitals = Vitals::default();
+        for at_ms in 0..(TIMELINE_POINTS as u64 + 5) {
+            let sample = Sample { health: Health::default(), point: Point { at_ms, ..Point::default() } };
+            vitals.record(sample, Tier::OfflineOnly, format!("sample {at_ms}"));
+        }
+        let timeline = vitals.timeline();
+        assert_eq!(timeline.len(), TIMELINE_POINTS);
+        assert_eq!((timeline[0].at_ms, timeline[TIMELINE_POINTS - 1].at_ms), (5, TIMELINE_POINTS as u64 + 4));
+        assert_eq!(vitals.tier(), Tier::OfflineOnly);
+        assert_eq!(vitals.tier_reason(), format!("sample {}", TIMELINE_POINTS + 4));
     }
 }

@@ -447,18 +447,23 @@ async fn watch_health(
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let health = sampler.sample(&vitals, gateway.connections.queue_depths(), committer.write_latency());
-        metrics::gauge!("herald_store_latency_p99_ms").set(f64::from(health.store_latency_p99_ms));
-        let chosen = if plugins.has_hook(Hook::Degrade) {
-            Tier::from(plugins.degrade(&hook_health(&health)).await)
+        let depths = gateway.connections.queue_depths();
+        let sample = sampler.sample(&vitals, depths, committer.write_latency(), gateway.intake.backlog());
+        metrics::gauge!("herald_store_latency_p99_ms").set(f64::from(sample.health.store_latency_p99_ms));
+        let (chosen, mut why) = if plugins.has_hook(Hook::Degrade) {
+            let chosen = Tier::from(plugins.degrade(&hook_health(&sample.health)).await);
+            (chosen, format!("the degrade hook chose {} from the last health sample", chosen.name()))
         } else {
-            Tier::Normal
+            (Tier::Normal, "no plugin has the degrade hook".to_owned())
         };
         // A breaker is a health input of its own: while the database does not answer, no
         // retries (nothing new can be stored to push, and retries would only queue up).
-        let tier =
-            if committer.breaker().state() == BreakerState::Closed { chosen } else { chosen.max(Tier::OfflineOnly) };
-        vitals.record(health, tier);
+        let breaker = committer.breaker().state();
+        let tier = if breaker == BreakerState::Closed { chosen } else { chosen.max(Tier::OfflineOnly) };
+        if tier != chosen {
+            why = format!("the store's circuit breaker is {} (at least offline-only); {why}", breaker.name());
+        }
+        vitals.record(sample, tier, why);
     }
 }
 

@@ -48,7 +48,7 @@ pub(super) struct UserOutcome {
 struct Pending {
     /// Body timestamp (scheduled send time), microseconds after the epoch.
     sent_us: u64,
-    /// When it was really written, for the `send_ack` latency.
+    /// When it was last written (its resend, after a RETRY), for the `send_ack` latency.
     written: Instant,
     /// What to resend after RETRY.
     body: Bytes,
@@ -278,7 +278,10 @@ impl User {
             let Some((_, client_msg_id)) = self.retries.pop_front() else {
                 break;
             };
-            if let Some(pending) = self.pending.get(&client_msg_id) {
+            if let Some(pending) = self.pending.get_mut(&client_msg_id) {
+                // send → send_ack is the latency of the attempt the server took in: the
+                // wait it asked for shows in the RETRY count and in send → deliver.
+                pending.written = Instant::now();
                 let body = pending.body.clone();
                 self.shared.counters.resent.incr();
                 self.write_send(client_msg_id, body).await;

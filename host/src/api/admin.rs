@@ -1,17 +1,33 @@
-//! `/admin/*` (admin key): the plugins' status and an immediate reload.
+//! `/admin/*` (admin key): the plugins' status and an immediate reload, health, the ring,
+//! the charts' time series; and `/admin` itself, the page that shows them all (a static
+//! page holding no data: it asks for the admin key and calls the endpoints with it).
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse};
 use serde_json::{Value, json};
 
 use super::{ApiError, require_key};
+use crate::health::TIMELINE_POINTS;
 use crate::model::{ConversationId, UserId};
 use crate::node::Node;
 use crate::plugins::types::CommandKind;
+
+/// The admin page (`host/src/api/admin.html`).
+const ADMIN_PAGE: &str = include_str!("admin.html");
+
+/// `GET /admin`: the admin page. It holds no data, so it needs no key; everything it shows
+/// comes from the endpoints below, called with the key the operator types in.
+pub async fn page() -> impl IntoResponse {
+    // The page runs only its own script and talks only to this server.
+    let policy = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                  connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+    ([(header::CONTENT_SECURITY_POLICY, policy), (header::CACHE_CONTROL, "no-store")], Html(ADMIN_PAGE))
+}
 
 fn require_admin_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     require_key(node, headers, &node.config.api.admin_keys, "admin key")
@@ -24,13 +40,27 @@ pub async fn plugins(State(node): State<Arc<Node>>, headers: HeaderMap) -> Resul
     Ok(Json(json!({ "plugins": node.plugins.host.status() })))
 }
 
-/// `GET /admin/health`: the last health sample and the delivery tier chosen from it.
+/// `GET /admin/health`: the last health sample, the delivery tier chosen from it and why,
+/// and the circuit breakers.
 pub async fn health(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     Ok(Json(json!({
         "tier": node.vitals.tier(),
+        "tier_reason": node.vitals.tier_reason(),
         "health": node.vitals.last_sample(),
         "breakers": node.breakers(),
+    })))
+}
+
+/// `GET /admin/series`: one point per health sample (`delivery.degrade_interval_ms`) over
+/// the last [`TIMELINE_POINTS`] samples, oldest first: messages stored per second, the
+/// send→deliver-ack p99, connections and the send backlog.
+pub async fn series(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    require_admin_key(&node, &headers)?;
+    Ok(Json(json!({
+        "interval_ms": node.config.delivery.degrade_interval_ms,
+        "capacity": TIMELINE_POINTS,
+        "points": node.vitals.timeline(),
     })))
 }
 

@@ -71,9 +71,11 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/groups/{id}/members/{user}", put(groups::add_member).delete(groups::remove_member))
         .route("/v1/conversations/{conversation}/messages", get(conversations::messages))
         .route("/v1/rooms/{name}/announcements", post(rooms::announce))
+        .route("/admin", get(admin::page))
         .route("/admin/plugins", get(admin::plugins))
         .route("/admin/health", get(admin::health))
         .route("/admin/cluster", get(admin::cluster))
+        .route("/admin/series", get(admin::series))
         .route("/admin/route", get(admin::route))
         .route("/admin/plugins/reload", post(admin::reload));
     if node.config.dev {

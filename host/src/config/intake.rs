@@ -27,6 +27,16 @@ pub struct IntakeConfig {
     /// this node; at the cap a new send is answered RETRY. Bounds memory under a spike and
     /// keeps a backed-up node from queueing more. 0: no cap.
     pub max_sends_in_flight: usize,
+    /// The least wait, in ms, told to a send refused for the node's sake. Over
+    /// `sends_per_node`, each turned-back send is given a turn: the first this far off,
+    /// the next `1 / sends_per_node` later, and so on, so the clients come back at the
+    /// pace the node takes sends in (the bucket's own wait, a fraction of a millisecond,
+    /// would bring them all back at once). Over `max_sends_in_flight`, a wait between
+    /// this and twice this, at random. A connection's or user's own bucket tells its
+    /// exact wait.
+    pub node_retry_after_ms: u32,
+    /// The longest wait, in ms, a send refused over `sends_per_node` is told.
+    pub node_retry_after_max_ms: u32,
     /// HTTP requests one client address may make per second (`/healthz`, `/readyz`,
     /// `/metrics` and `/v1/ws` excepted); over it the answer is 429 with `Retry-After`.
     pub http_requests_per_ip: u32,
@@ -50,6 +60,8 @@ impl Default for IntakeConfig {
             sends_per_node: 0,
             node_burst: 0,
             max_sends_in_flight: 50_000,
+            node_retry_after_ms: 100,
+            node_retry_after_max_ms: 10_000,
             http_requests_per_ip: 1_000,
             http_burst: 2_000,
             max_connections: 200_000,

@@ -376,8 +376,9 @@ impl Delivery {
         session.rtt.sample(pushed_at.elapsed());
         if let Some(sent_at_ms) = sent_at_ms {
             // Another node's clock may be a little ahead: never a negative latency.
-            let seconds = SystemClock.now_ms().saturating_sub(sent_at_ms) as f64 / 1000.0;
-            metrics::histogram!("herald_deliver_ack_seconds").record(seconds);
+            let millis = SystemClock.now_ms().saturating_sub(sent_at_ms);
+            metrics::histogram!("herald_deliver_ack_seconds").record(millis as f64 / 1000.0);
+            self.vitals.deliver_acks.record(Duration::from_millis(millis));
         }
     }
 

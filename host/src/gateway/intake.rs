@@ -11,7 +11,7 @@
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -25,9 +25,6 @@ use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, NotUntil, Quot
 use crate::config::IntakeConfig;
 use crate::model::UserId;
 
-/// What a client over the backlog cap is told to wait: the backlog drains at the node's
-/// pace, a fraction of a second at any sane size.
-const BACKLOG_RETRY: Duration = Duration::from_millis(200);
 /// What a connection refused for a cap is told to wait before trying again.
 const CONNECTION_RETRY: Duration = Duration::from_secs(5);
 /// How often idle users' and addresses' buckets are forgotten.
@@ -170,6 +167,9 @@ pub struct Intake {
     per_node: Option<DefaultDirectRateLimiter>,
     per_http_client: Option<DefaultKeyedRateLimiter<IpAddr>>,
     in_flight: Arc<AtomicUsize>,
+    /// The next turn [`Intake::next_turn`] hands out, µs after `started`.
+    next_turn_us: AtomicU64,
+    started: std::time::Instant,
     connections: AtomicUsize,
     /// Open connections per address (only while `max_connections_per_ip` is set).
     per_ip: DashMap<IpAddr, usize>,
@@ -184,6 +184,8 @@ impl Intake {
             per_http_client: quota(config.http_requests_per_ip, config.http_burst).map(RateLimiter::keyed),
             clock: DefaultClock::default(),
             in_flight: Arc::new(AtomicUsize::new(0)),
+            next_turn_us: AtomicU64::new(0),
+            started: std::time::Instant::now(),
             connections: AtomicUsize::new(0),
             per_ip: DashMap::new(),
             config,
@@ -248,7 +250,7 @@ impl Intake {
         let taken = self.in_flight.fetch_add(1, Ordering::Relaxed);
         let in_flight = InFlight(Arc::clone(&self.in_flight));
         if self.config.max_sends_in_flight > 0 && taken >= self.config.max_sends_in_flight {
-            return Err(Refused::new(Limit::Backlog, BACKLOG_RETRY));
+            return Err(Refused::new(Limit::Backlog, self.spread_floor()));
         }
         if let Some(limiter) = &budget.0 {
             limiter.check().map_err(|wait| self.refused(Limit::Connection, &wait))?;
@@ -257,7 +259,10 @@ impl Intake {
             limiter.check_key(user).map_err(|wait| self.refused(Limit::User, &wait))?;
         }
         if let Some(limiter) = &self.per_node {
-            limiter.check().map_err(|wait| self.refused(Limit::Node, &wait))?;
+            limiter.check().map_err(|wait| {
+                let wait = wait.wait_time_from(self.clock.now());
+                Refused::new(Limit::Node, self.next_turn(wait))
+            })?;
         }
         Ok(in_flight)
     }
@@ -294,6 +299,35 @@ impl Intake {
             }
         }
         Ok(permit)
+    }
+
+    /// The wait told to a send the node bucket refused: its turn in a queue of the
+    /// sends turned back, which hands out turns `1 / sends_per_node` apart from
+    /// `node_retry_after_ms` on. The clients come back at the pace the node takes sends
+    /// in, however many were turned back (a wait of the bucket's own, a fraction of a
+    /// millisecond, would bring them all back at once to fight over one token, and a
+    /// fixed wait would bring back every one of them each period). At most
+    /// `node_retry_after_max_ms`; at least `wait`, when the bucket has a token again.
+    fn next_turn(&self, wait: Duration) -> Duration {
+        let rate = u64::from(self.config.sends_per_node.max(1));
+        let step = (1_000_000 / rate).max(1);
+        let floor = u64::from(self.config.node_retry_after_ms) * 1_000;
+        let most = u64::from(self.config.node_retry_after_max_ms.max(self.config.node_retry_after_ms)) * 1_000;
+        let now = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let mut turn = 0;
+        // Infallible: the closure always returns Some.
+        let _ = self.next_turn_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+            turn = next.max(now + floor).min(now + most);
+            Some(turn + step)
+        });
+        Duration::from_micros(turn - now).max(wait)
+    }
+
+    /// The wait told to a send the backlog cap refused: `node_retry_after_ms` to twice
+    /// that, at random, so the clients turned back do not all return at once.
+    fn spread_floor(&self) -> Duration {
+        let floor = u64::from(self.config.node_retry_after_ms);
+        Duration::from_millis(floor + rand::random_range(0..floor.max(1)))
     }
 
     fn refused(&self, limit: Limit, wait: &NotUntil<<DefaultClock as Clock>::Instant>) -> Refused {
@@ -358,7 +392,9 @@ mod tests {
         let first = intake.admit_send(&budget, &user("a")).expect("taken in");
         let _second = intake.admit_send(&budget, &user("a")).expect("taken in");
         let refused = intake.admit_send(&budget, &user("a")).err().expect("refused");
-        assert_eq!((refused.limit, refused.retry_after), (Limit::Backlog, BACKLOG_RETRY));
+        assert_eq!(refused.limit, Limit::Backlog);
+        let floor = Duration::from_millis(100);
+        assert!((floor..2 * floor).contains(&refused.retry_after), "{refused:?}");
         drop(first);
         assert!(intake.admit_send(&budget, &user("a")).is_ok());
     }
@@ -370,6 +406,35 @@ mod tests {
         drop(intake.admit_send(&intake.send_budget(), &user("a")).expect("taken in"));
         drop(intake.admit_send(&intake.send_budget(), &user("b")).expect("taken in"));
         assert_eq!(intake.admit_send(&intake.send_budget(), &user("c")).err().expect("refused").limit, Limit::Node);
+    }
+
+    #[test]
+    fn sends_refused_for_the_node_are_given_turns_at_the_nodes_pace() {
+        let intake = Intake::new(IntakeConfig {
+            sends_per_node: 100,
+            node_burst: 1,
+            sends_per_connection: 0,
+            node_retry_after_ms: 50,
+            node_retry_after_max_ms: 300,
+            ..config()
+        });
+        drop(intake.admit_send(&intake.send_budget(), &user("a")).expect("taken in"));
+        let waits: Vec<Duration> = (0..60)
+            .map(|_| intake.admit_send(&intake.send_budget(), &user("b")).err().expect("refused").retry_after)
+            .collect();
+        // The bucket's own wait is at most 10 ms (100 a second). The turned-back are told
+        // to come back from 50 ms on, one turn per 10 ms (the node's pace), and never
+        // later than 300 ms.
+        let ms = Duration::from_millis;
+        assert!(waits.iter().all(|wait| (ms(45)..=ms(300)).contains(wait)), "{waits:?}");
+        assert!(waits[0] <= ms(50), "the first turn is at the floor: {:?}", waits[0]);
+        assert!((ms(140)..=ms(150)).contains(&waits[10]), "ten turns later, 100 ms later: {:?}", waits[10]);
+        assert!(waits[30..].iter().all(|wait| *wait >= ms(290)), "capped at the most: {:?}", &waits[30..]);
+        // Turns not taken lapse: once the queue is in the past, a refusal is at the floor again.
+        std::thread::sleep(ms(350));
+        drop(intake.admit_send(&intake.send_budget(), &user("a")).expect("a token again"));
+        let refused = intake.admit_send(&intake.send_budget(), &user("c")).err().expect("refused");
+        assert!(refused.retry_after <= ms(50), "{refused:?}");
     }
 
     #[test]

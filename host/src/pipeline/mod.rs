@@ -505,6 +505,7 @@ impl Pipeline {
                 let stored = Outcome { message_id: id, seq, conversation: message.conversation.clone() };
                 lane.finished(seq, Some(Arc::new(message.clone())));
                 metrics::counter!("herald_pipeline_messages_stored_total").increment(1);
+                self.vitals.count_stored();
                 Ok((Status::Ok, stored))
             }
             Ok(Inserted::Duplicate { id, seq, conversation }) => {

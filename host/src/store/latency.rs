@@ -40,12 +40,18 @@ impl LatencyWindow {
     /// The 99th percentile of what was recorded since the last call, in whole ms (rounded
     /// up, so any latency shows), and starts a new window. 0 when nothing was recorded.
     pub fn take_p99_ms(&self) -> u32 {
+        self.take_p99_micros().div_ceil(1000)
+    }
+
+    /// The 99th percentile of what was recorded since the last call, in µs, and starts a
+    /// new window. 0 when nothing was recorded.
+    pub fn take_p99_micros(&self) -> u32 {
         let mut samples = {
             let mut guard = self.micros.lock().unwrap_or_else(|p| p.into_inner());
             guard.1 = 0;
             std::mem::take(&mut guard.0)
         };
-        percentile(&mut samples, 0.99).div_ceil(1000)
+        percentile(&mut samples, 0.99)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Headless Chromium driven over the Chrome DevTools Protocol (flattened sessions on the
 //! browser's WebSocket), with nothing but tokio-tungstenite: open pages in separate browser
-//! contexts and evaluate JavaScript in them.
+//! contexts, evaluate JavaScript in them, type and click as a person would, and take
+//! screenshots.
 //!
 //! Chromium comes from Debian's `chromium` package (`/usr/bin/chromium`, or the path in
 //! `HERALD_TEST_CHROMIUM`). When it is missing the test fails and says how to install it.
@@ -195,6 +196,51 @@ impl Browser {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Types `value` into the input `#id` (as a person would, with input and change
+    /// events).
+    pub async fn type_into(&mut self, page: &Page, id: &str, value: &str) {
+        let script = format!(
+            "(() => {{ const el = document.getElementById({id}); if (!el) throw new Error('no #' + {id}); \
+             el.focus(); el.value = {value}; el.dispatchEvent(new Event('input', {{ bubbles: true }})); \
+             el.dispatchEvent(new Event('change', {{ bubbles: true }})); return true; }})()",
+            id = js_string(id),
+            value = js_string(value)
+        );
+        self.run(page, &script).await;
+    }
+
+    /// Clicks `#id` once it is there and enabled.
+    pub async fn click(&mut self, page: &Page, id: &str) {
+        let enabled = format!(
+            "(() => {{ const el = document.getElementById({0}); return !!el && !el.disabled; }})()",
+            js_string(id)
+        );
+        self.wait_until(page, &enabled, &format!("#{id} to be enabled"), Duration::from_secs(20)).await;
+        self.run(page, &format!("document.getElementById({}).click(), true", js_string(id))).await;
+    }
+
+    /// Renders the page at `width`×`height` CSS pixels (the whole page, if longer) and
+    /// writes it to `path` as PNG.
+    pub async fn screenshot(&mut self, page: &Page, width: u32, height: u32, path: &std::path::Path) {
+        use base64::Engine as _;
+        let viewport = json!({ "width": width, "height": height, "deviceScaleFactor": 1, "mobile": false });
+        self.call(Some(&page.session), "Emulation.setDeviceMetricsOverride", viewport).await;
+        let shot = self
+            .call(
+                Some(&page.session),
+                "Page.captureScreenshot",
+                json!({ "format": "png", "captureBeyondViewport": true }),
+            )
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().expect("screenshot data"))
+            .expect("a base64 screenshot");
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).expect("screenshot folder");
+        }
+        std::fs::write(path, png).unwrap_or_else(|error| panic!("cannot write {}: {error}", path.display()));
     }
 
     fn log_path(&self) -> PathBuf {

@@ -20,6 +20,7 @@ mod raw;
 mod server;
 mod token;
 
+mod admin_page;
 mod chat;
 mod cluster_faults;
 mod cluster_nodes;

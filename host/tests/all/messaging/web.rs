@@ -11,26 +11,6 @@ use super::server::Herald;
 
 const PAGE_WAIT: Duration = Duration::from_secs(20);
 
-/// Types `value` into the input `#id` (as a person would, with an input event).
-async fn type_into(browser: &mut Browser, page: &Page, id: &str, value: &str) {
-    let script = format!(
-        "(() => {{ const el = document.getElementById({id}); if (!el) throw new Error('no #' + {id}); \
-         el.focus(); el.value = {value}; el.dispatchEvent(new Event('input', {{ bubbles: true }})); \
-         el.dispatchEvent(new Event('change', {{ bubbles: true }})); return true; }})()",
-        id = js_string(id),
-        value = js_string(value)
-    );
-    browser.run(page, &script).await;
-}
-
-/// Clicks `#id` once it is enabled.
-async fn click(browser: &mut Browser, page: &Page, id: &str) {
-    let enabled =
-        format!("(() => {{ const el = document.getElementById({0}); return !!el && !el.disabled; }})()", js_string(id));
-    browser.wait_until(page, &enabled, &format!("#{id} to be enabled"), PAGE_WAIT).await;
-    browser.run(page, &format!("document.getElementById({}).click(), true", js_string(id))).await;
-}
-
 /// Opens the page and logs in as `user`.
 async fn log_in(browser: &mut Browser, herald: &Herald, user: &str) -> Page {
     let page = browser.open(&format!("http://127.0.0.1:{}/", herald.port), user).await;
@@ -42,8 +22,8 @@ async fn log_in(browser: &mut Browser, herald: &Herald, user: &str) -> Page {
             PAGE_WAIT,
         )
         .await;
-    type_into(browser, &page, "user", user).await;
-    click(browser, &page, "connect").await;
+    browser.type_into(&page, "user", user).await;
+    browser.click(&page, "connect").await;
     browser
         .wait_until(
             &page,
@@ -57,9 +37,9 @@ async fn log_in(browser: &mut Browser, herald: &Herald, user: &str) -> Page {
 
 /// Sends `text` to `peer` from `page`.
 async fn say(browser: &mut Browser, page: &Page, peer: &str, text: &str) {
-    type_into(browser, page, "peer", peer).await;
-    type_into(browser, page, "text", text).await;
-    click(browser, page, "send").await;
+    browser.type_into(page, "peer", peer).await;
+    browser.type_into(page, "text", text).await;
+    browser.click(page, "send").await;
 }
 
 /// Waits for a `.message` in `#messages` whose text contains `text`; returns its data-*

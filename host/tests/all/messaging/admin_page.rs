@@ -1,0 +1,210 @@
+//! The admin page at `/admin`, in headless Chromium against a real server with a plugin
+//! loaded: without the right key it shows no data; with it, the plugin with its version and
+//! calls, the tier and why, the store's breaker, and charts that move while messages flow;
+//! the reload button reloads the plugins. A screenshot is kept as a test artifact
+//! (`target/test-artifacts/admin-page.png`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::cdp::{Browser, Page, js_string};
+use super::client::Client;
+use super::plugins::install;
+use super::server::{DEV_KEY, Herald};
+
+const PAGE_WAIT: Duration = Duration::from_secs(20);
+
+/// Where the screenshot goes: `target/test-artifacts/` of the workspace (or of
+/// `CARGO_TARGET_DIR`).
+fn artifact(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"), PathBuf::from);
+    target.join("test-artifacts").join(name)
+}
+
+/// Logs in with `key` through the page's form.
+async fn log_in(browser: &mut Browser, page: &Page, key: &str) {
+    browser.type_into(page, "key", key).await;
+    browser.click(page, "login").await;
+}
+
+/// The numbers a chart (`svg#id`) shows: how many points, the latest, the largest, and its
+/// line's coordinates.
+async fn chart(browser: &mut Browser, page: &Page, id: &str) -> (u64, f64, f64, String) {
+    let script = format!(
+        "(() => {{ const svg = document.getElementById({0}); const line = svg.querySelector('polyline'); \
+         return [Number(svg.dataset.points || 0), Number(svg.dataset.last || 0), Number(svg.dataset.max || 0), \
+         line ? line.getAttribute('points') : '']; }})()",
+        js_string(id)
+    );
+    let value = browser.run(page, &script).await;
+    (
+        value[0].as_u64().unwrap_or(0),
+        value[1].as_f64().unwrap_or(0.0),
+        value[2].as_f64().unwrap_or(0.0),
+        value[3].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// `pairs` senders each sending to a partner who acks every delivery, until `stop`; each
+/// task returns how many it sent.
+async fn traffic(herald: &Herald, pairs: usize, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<u64>> {
+    let mut tasks = Vec::new();
+    for pair in 0..pairs {
+        let (from, to) = (format!("sender{pair}"), format!("reader{pair}"));
+        let conversation = super::dm(&from, &to);
+        let mut sender = Client::connect(herald, &from, "phone").await;
+        let mut reader = Client::connect(herald, &to, "phone").await;
+        let stop = Arc::clone(stop);
+        tasks.push(tokio::spawn(async move {
+            let mut sent = 0;
+            while !stop.load(Ordering::Relaxed) {
+                sender.send_ok(&conversation, format!("message {sent}")).await;
+                let deliver = reader.deliver_in(&conversation).await;
+                let seq = deliver.message.expect("a deliver carries its message").seq;
+                reader.deliver_ack(&conversation, seq).await;
+                reader.forget_unclaimed();
+                sent += 1;
+            }
+            sent
+        }));
+    }
+    tasks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_page_shows_plugins_tier_breakers_and_live_charts_only_with_the_admin_key() {
+    let plugins = install(&["room-rate-limit"]);
+    let herald = Herald::with().set("PLUGINS", plugins.path().display()).start().await;
+
+    // No key, no data: the page is static, and every endpoint it calls wants the key.
+    let page_html = herald.get("/admin", None).await;
+    assert_eq!(page_html.status, 200);
+    assert!(page_html.body.contains("Herald admin") && !page_html.body.contains("room-rate-limit"));
+    assert!(page_html.header("content-security-policy").is_some_and(|csp| csp.contains("default-src 'none'")));
+    for endpoint in ["/admin/series", "/admin/health", "/admin/plugins", "/admin/cluster"] {
+        assert_eq!(herald.get(endpoint, None).await.status, 401, "{endpoint} without a key");
+        assert_eq!(herald.get(endpoint, Some("dev-kez")).await.status, 401, "{endpoint} with a wrong key");
+    }
+
+    let mut browser = Browser::launch().await;
+    let page = browser.open(&format!("http://127.0.0.1:{}/admin", herald.port), "admin").await;
+    browser
+        .wait_until(
+            &page,
+            "document.readyState === 'complete' && !!document.getElementById('key')",
+            "the login form",
+            PAGE_WAIT,
+        )
+        .await;
+
+    // A wrong key: refused, and nothing shown.
+    log_in(&mut browser, &page, "dev-kez").await;
+    let refused = browser
+        .wait_until(
+            &page,
+            "document.getElementById('login-error').textContent",
+            "the refusal of a wrong key",
+            PAGE_WAIT,
+        )
+        .await;
+    assert!(refused.as_str().is_some_and(|text| text.contains("refused")), "{refused}");
+    let shown = browser
+        .run(&page, "[document.getElementById('dashboard').hidden, document.querySelectorAll('#plugins tr').length]")
+        .await;
+    assert_eq!(shown, serde_json::json!([true, 0]), "no data without the right key");
+
+    // The right key: the plugin, the tier and why, the store's breaker, this node.
+    log_in(&mut browser, &page, DEV_KEY).await;
+    let version = browser
+        .wait_until(
+            &page,
+            "(() => { const row = document.querySelector('#plugins tr[data-plugin=\"room-rate-limit\"]'); \
+             return row ? row.dataset.version : ''; })()",
+            "the room-rate-limit plugin's row",
+            PAGE_WAIT,
+        )
+        .await;
+    assert_eq!(version, "0.1.0", "the version of plugins/room-rate-limit/plugin.toml");
+    let row =
+        browser.run(&page, "document.querySelector('#plugins tr[data-plugin=\"room-rate-limit\"]').innerText").await;
+    let row = row.as_str().unwrap_or_default();
+    assert!(row.contains("message-policy") && row.contains("active"), "hooks and state shown: {row}");
+    let tier = browser
+        .wait_until(&page, "document.getElementById('tier-reason').textContent.includes('degrade hook') && document.getElementById('tier').dataset.tier", "the tier and its reason", PAGE_WAIT)
+        .await;
+    assert_eq!(tier, "normal");
+    let store =
+        browser.run(&page, "document.querySelector('#breakers tr[data-breaker=\"store\"]').dataset.state").await;
+    assert_eq!(store, "closed");
+    let node = browser.run(&page, "document.getElementById('node-summary').textContent").await;
+    assert!(node.as_str().is_some_and(|text| text.contains("embedded mode")), "{node}");
+
+    // Load: the charts move. Messages per second and the send→deliver p99 rise from
+    // nothing, the connections chart counts the clients, and the lines change.
+    let (_, _, quiet_max, quiet_line) = chart(&mut browser, &page, "chart-messages").await;
+    assert_eq!(quiet_max, 0.0, "no messages before the load");
+    let stop = Arc::new(AtomicBool::new(false));
+    let senders = traffic(&herald, 4, &stop).await;
+    browser
+        .wait_until(
+            &page,
+            "Number(document.getElementById('chart-messages').dataset.last) > 0 && \
+             Number(document.getElementById('chart-deliver-p99').dataset.max) > 0 && \
+             Number(document.getElementById('chart-connections').dataset.last) >= 8",
+            "the charts to show the load (messages/s, deliver p99, 8 connections)",
+            PAGE_WAIT,
+        )
+        .await;
+    let (points, last, _, busy_line) = chart(&mut browser, &page, "chart-messages").await;
+    assert!(points >= 2 && last > 0.0, "{points} points, last {last}");
+    assert_ne!(busy_line, quiet_line, "the messages chart's line moved");
+    // One more sample later, the line has moved again.
+    browser
+        .wait_until(
+            &page,
+            &format!(
+                "document.querySelector('#chart-messages polyline').getAttribute('points') !== {}",
+                js_string(&busy_line)
+            ),
+            "the messages chart to move on",
+            PAGE_WAIT,
+        )
+        .await;
+    stop.store(true, Ordering::Relaxed);
+    let mut sent = 0;
+    for sender in senders {
+        sent += sender.await.expect("a sender");
+    }
+    assert!(sent > 0);
+
+    // The reload button reloads the folder and says so.
+    browser.click(&page, "reload").await;
+    let reloaded = browser
+        .wait_until(
+            &page,
+            "(() => { const t = document.getElementById('reload-result').textContent; return t.startsWith('reloaded') ? t : ''; })()",
+            "the reload result",
+            PAGE_WAIT,
+        )
+        .await;
+    assert!(reloaded.as_str().is_some_and(|text| text.contains("reloaded 1 plugin")), "{reloaded}");
+    let calls = browser
+        .run(&page, "Number(document.querySelector('#plugins tr[data-plugin=\"room-rate-limit\"] td:nth-child(5)').textContent)")
+        .await;
+    assert!(calls.as_f64().is_some(), "calls shown after the reload: {calls}");
+
+    let path = artifact("admin-page.png");
+    browser.screenshot(&page, 1280, 1000, &path).await;
+    let png = std::fs::read(&path).expect("the screenshot");
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a real screenshot at {}", path.display());
+
+    // Log out: the data is gone from the page.
+    browser.click(&page, "logout").await;
+    let cleared = browser
+        .run(&page, "[document.getElementById('dashboard').hidden, document.querySelectorAll('#plugins tr').length]")
+        .await;
+    assert_eq!(cleared, serde_json::json!([true, 0]));
+}
