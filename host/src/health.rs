@@ -9,9 +9,11 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use serde::Serialize;
+
+use crate::clock::{SystemClock, WallClock};
 
 pub use crate::store::latency::{LatencyWindow, percentile};
 
@@ -256,7 +258,7 @@ impl Sampler {
         self.last_cpu_ticks = ticks;
         let connections = queue_depths.len() as u64;
         let point = Point {
-            at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64),
+            at_ms: SystemClock.now_ms(),
             messages_per_s: stored as f32 / seconds,
             deliver_p99_ms: vitals.deliver_acks.take_p99_micros() as f32 / 1000.0,
             connections,
