@@ -16,9 +16,11 @@ use serde::{Deserialize, Serialize};
 use crate::model::MAX_NODE_ID;
 
 mod cluster;
+mod edge;
 mod intake;
 
 pub use cluster::{ClusterConfig, DEV_CLUSTER_SECRET};
+pub use edge::{ApiConfig, GatewayConfig};
 pub use intake::IntakeConfig;
 
 /// A configuration that cannot be used, with what to fix.
@@ -65,48 +67,6 @@ pub struct Config {
     pub intake: IntakeConfig,
 }
 
-/// `[gateway]`: WebSocket connections.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct GatewayConfig {
-    /// The server pings every this many ms; a connection silent for 3 intervals is closed.
-    pub heartbeat_ms: u64,
-    /// The first frame must be `connect` within this many ms (close 4002 otherwise).
-    pub connect_timeout_ms: u64,
-    /// Largest frame accepted, in bytes (close 1009 otherwise).
-    pub max_frame_bytes: usize,
-    /// Frames queued for one connection before it is closed as a slow consumer (4008).
-    pub send_queue: usize,
-    /// HS256 secret for client tokens. Required outside dev mode; dev mode has a fixed one.
-    pub jwt_secret: Option<String>,
-    /// On shutdown each connection gets `go_away` with a `reconnect_after_ms` drawn from
-    /// 0..this, so the clients of a restarted node do not all come back in the same instant.
-    pub go_away_spread_ms: u32,
-    /// A dropped connection is kept this many ms for its device's return, noting what it is
-    /// owed; a device back in time is backfilled only that, not every conversation (a quick
-    /// reconnect causes no backfill storm). 0 turns this off.
-    pub reconnect_grace_ms: u64,
-    /// TCP keepalive on client sockets: probes start after this many ms of silence on the
-    /// socket, every 10 s, 3 unanswered close it (a peer gone without a FIN is noticed even
-    /// while a write waits). 0 turns it off.
-    pub tcp_keepalive_ms: u64,
-}
-
-impl Default for GatewayConfig {
-    fn default() -> Self {
-        Self {
-            heartbeat_ms: 30_000,
-            connect_timeout_ms: 10_000,
-            max_frame_bytes: 1 << 20,
-            send_queue: 1024,
-            jwt_secret: None,
-            go_away_spread_ms: 5_000,
-            reconnect_grace_ms: 30_000,
-            tcp_keepalive_ms: 60_000,
-        }
-    }
-}
-
 /// `[delivery]`: how messages reach devices.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -132,6 +92,11 @@ pub struct DeliveryConfig {
     pub backfill_concurrency: usize,
     /// Largest `limit` honoured by `sync` and `history`.
     pub max_page: u32,
+    /// Most cursors one `sync` may carry (an `error` `limit_exceeded` past it).
+    pub max_sync_cursors: usize,
+    /// Most rooms one connection may be subscribed to at once (an `error`
+    /// `limit_exceeded` past it).
+    pub max_rooms_per_connection: usize,
     /// How long a dedup mark lives, in ms (the unique index guards beyond it).
     pub dedup_ttl_ms: u64,
     /// Most dedup marks held; past it the least recently used go first (a duplicate of an
@@ -153,21 +118,13 @@ impl Default for DeliveryConfig {
             backfill_limit: 1_000,
             backfill_concurrency: 32,
             max_page: 500,
+            max_sync_cursors: 1_000,
+            max_rooms_per_connection: 256,
             dedup_ttl_ms: 600_000,
             dedup_max_marks: 500_000,
             degrade_interval_ms: 1_000,
         }
     }
-}
-
-/// `[api]`: keys for server-to-server and admin calls.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ApiConfig {
-    /// Keys game servers and backends use (`Authorization: Bearer <key>`).
-    pub keys: Vec<String>,
-    /// Keys for `/admin/*`.
-    pub admin_keys: Vec<String>,
 }
 
 impl Default for Config {
@@ -394,21 +351,24 @@ impl Config {
         if self.storage.max_connections == 0 {
             return Err(ConfigError::Invalid("storage.max_connections must be at least 1".into()));
         }
-        let g = &self.gateway;
-        if g.heartbeat_ms == 0 || g.connect_timeout_ms == 0 || g.send_queue == 0 || g.max_frame_bytes < 64 {
-            return Err(ConfigError::Invalid(
-                "gateway.heartbeat_ms, connect_timeout_ms and send_queue must be at least 1, max_frame_bytes at least 64".into(),
-            ));
-        }
+        self.gateway.validate().map_err(ConfigError::Invalid)?;
+        self.api.validate().map_err(ConfigError::Invalid)?;
         let d = &self.delivery;
         if d.ack_timeout_ms == 0 || d.max_attempts == 0 || !(0.0..=1.0).contains(&d.jitter) || d.max_page == 0 {
             return Err(ConfigError::Invalid(
                 "delivery.ack_timeout_ms, max_attempts and max_page must be at least 1, jitter in [0, 1]".into(),
             ));
         }
-        if d.backfill_concurrency == 0 || d.cursor_flush_ms == 0 || d.degrade_interval_ms == 0 {
+        if d.backfill_concurrency == 0
+            || d.cursor_flush_ms == 0
+            || d.degrade_interval_ms == 0
+            || d.max_sync_cursors == 0
+            || d.max_rooms_per_connection == 0
+        {
             return Err(ConfigError::Invalid(
-                "delivery.backfill_concurrency, cursor_flush_ms and degrade_interval_ms must be at least 1".into(),
+                "delivery.backfill_concurrency, cursor_flush_ms, degrade_interval_ms, max_sync_cursors and \
+                 max_rooms_per_connection must be at least 1"
+                    .into(),
             ));
         }
         self.seq.validate().map_err(ConfigError::Invalid)

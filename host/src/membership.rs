@@ -4,12 +4,20 @@
 //! `dm:` members are the two users it names; `grp:` members are stored (cached here and
 //! invalidated when they change); `room:` recipients are whoever is subscribed now, and
 //! only a subscribed connection may send to a room.
+//!
+//! A change made through this node is announced to every other node of a cluster over the
+//! bus, which drop their cached list before the change is answered: a member removed on
+//! one node can send through no other. A node out of reach at that moment lets its list
+//! expire (`cache_ttl`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
 use crate::model::{ConnectionId, ConversationId, ConversationKind, GroupId, UserId};
+use crate::routing::bus::NodeBus;
 use crate::routing::rooms::Rooms;
 use crate::store::{GroupStore, StoreError};
 
@@ -35,6 +43,8 @@ pub enum GroupChange {
     NoSuchGroup(GroupId),
     #[error("{user} is not a member of grp:{group}")]
     NotMember { group: GroupId, user: UserId },
+    #[error("grp:{group} would have more than {max} members, the most a group may hold (api.max_group_members)")]
+    Full { group: GroupId, max: usize },
     #[error("storage unavailable: {0}")]
     Store(StoreError),
 }
@@ -43,21 +53,66 @@ pub enum GroupChange {
 pub struct Membership {
     store: Arc<dyn GroupStore>,
     rooms: Arc<Rooms>,
-    groups: DashMap<GroupId, Arc<Vec<UserId>>>,
+    /// Where changes are announced to the other nodes.
+    bus: Arc<dyn NodeBus>,
+    /// Member lists read from the store, and when.
+    groups: DashMap<GroupId, (Arc<Vec<UserId>>, Instant)>,
+    /// How long a cached list is trusted (`None`: until a change drops it).
+    cache_ttl: Option<Duration>,
+    /// Bumped by every drop of a cached list: a read that started before it must not
+    /// cache what it read.
+    generation: AtomicU64,
+    /// Most members a group may hold.
+    max_members: usize,
+    /// Additions on this node one at a time, so two cannot both take the last place.
+    /// (Nodes of a cluster adding to one group at the same instant may still pass the
+    /// limit by one each.)
+    adding: tokio::sync::Mutex<()>,
 }
 
 impl Membership {
-    pub fn new(store: Arc<dyn GroupStore>, rooms: Arc<Rooms>) -> Self {
-        Self { store, rooms, groups: DashMap::new() }
+    pub fn new(
+        store: Arc<dyn GroupStore>,
+        rooms: Arc<Rooms>,
+        bus: Arc<dyn NodeBus>,
+        cache_ttl: Option<Duration>,
+        max_members: usize,
+    ) -> Self {
+        Self {
+            store,
+            rooms,
+            bus,
+            groups: DashMap::new(),
+            cache_ttl,
+            generation: AtomicU64::new(0),
+            max_members,
+            adding: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Drops the cached member list of `group` (it changed, here or on another node).
+    pub fn forget(&self, group: &GroupId) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.groups.remove(group);
+    }
+
+    /// After a change is stored: drops the list here, then on every other node.
+    async fn changed(&self, group: &GroupId) {
+        self.forget(group);
+        self.bus.group_changed(group).await;
     }
 
     /// Creates `group` with `members`.
     ///
     /// # Errors
-    /// [`GroupChange::Exists`] when the id is taken, [`GroupChange::Store`] when storage fails.
+    /// [`GroupChange::Exists`] when the id is taken, [`GroupChange::Full`] for more members
+    /// than a group may hold, [`GroupChange::Store`] when storage fails.
     pub async fn create_group(&self, group: &GroupId, members: &[UserId], now_ms: u64) -> Result<(), GroupChange> {
+        if members.len() > self.max_members {
+            return Err(GroupChange::Full { group: group.clone(), max: self.max_members });
+        }
         let created = self.store.create_group(group, members, now_ms).await;
-        self.groups.remove(group);
+        self.changed(group).await;
         created.map_err(|error| match error {
             StoreError::GroupExists(_) => GroupChange::Exists(group.clone()),
             other => GroupChange::Store(other),
@@ -67,10 +122,20 @@ impl Membership {
     /// Adds `user` to `group` (already a member: nothing changes).
     ///
     /// # Errors
-    /// [`GroupChange::NoSuchGroup`], or [`GroupChange::Store`] when storage fails.
+    /// [`GroupChange::NoSuchGroup`], [`GroupChange::Full`] when the group holds as many
+    /// members as it may, or [`GroupChange::Store`] when storage fails.
     pub async fn add_member(&self, group: &GroupId, user: &UserId, now_ms: u64) -> Result<(), GroupChange> {
+        let _one_at_a_time = self.adding.lock().await;
+        match self.store.group_members(group).await {
+            Ok(None) => return Err(GroupChange::NoSuchGroup(group.clone())),
+            Ok(Some(members)) if members.len() >= self.max_members && !members.contains(user) => {
+                return Err(GroupChange::Full { group: group.clone(), max: self.max_members });
+            }
+            Ok(Some(_)) => {}
+            Err(error) => return Err(GroupChange::Store(error)),
+        }
         let added = self.store.add_member(group, user, now_ms).await;
-        self.groups.remove(group);
+        self.changed(group).await;
         added.map_err(|error| match error {
             StoreError::NoSuchGroup(_) => GroupChange::NoSuchGroup(group.clone()),
             other => GroupChange::Store(other),
@@ -84,7 +149,7 @@ impl Membership {
     /// storage fails.
     pub async fn remove_member(&self, group: &GroupId, user: &UserId) -> Result<(), GroupChange> {
         let removed = self.store.remove_member(group, user).await;
-        self.groups.remove(group);
+        self.changed(group).await;
         match removed {
             Ok(true) => Ok(()),
             Ok(false) => Err(GroupChange::NotMember { group: group.clone(), user: user.clone() }),
@@ -97,12 +162,21 @@ impl Membership {
     /// # Errors
     /// [`StoreError`] when storage fails.
     pub async fn group_members(&self, group: &GroupId) -> Result<Option<Arc<Vec<UserId>>>, StoreError> {
-        if let Some(members) = self.groups.get(group) {
-            return Ok(Some(Arc::clone(&members)));
+        if let Some(cached) = self.groups.get(group)
+            && self.cache_ttl.is_none_or(|ttl| cached.1.elapsed() < ttl)
+        {
+            return Ok(Some(Arc::clone(&cached.0)));
         }
+        let generation = self.generation.load(Ordering::SeqCst);
         let Some(members) = self.store.group_members(group).await? else { return Ok(None) };
         let members = Arc::new(members);
-        self.groups.insert(group.clone(), Arc::clone(&members));
+        if self.generation.load(Ordering::SeqCst) == generation {
+            self.groups.insert(group.clone(), (Arc::clone(&members), Instant::now()));
+            // A change dropped the lists while this one went in: it may be older than it.
+            if self.generation.load(Ordering::SeqCst) != generation {
+                self.groups.remove(group);
+            }
+        }
         Ok(Some(members))
     }
 

@@ -85,8 +85,10 @@ impl Node {
     /// [`NodeError`] when storage cannot be opened or the configuration is unusable.
     pub async fn open(config: Config) -> Result<Arc<Self>, NodeError> {
         config.validate().map_err(|error| NodeError::Config(error.to_string()))?;
+        let gateway = &config.gateway;
         let auth = Authenticator::new(required_secret(&config)?, config.dev)
-            .map_err(|error| NodeError::Config(error.to_string()))?;
+            .map_err(|error| NodeError::Config(error.to_string()))?
+            .expecting(gateway.jwt_issuer.as_deref(), gateway.jwt_audience.as_deref(), gateway.max_token_bytes);
         crate::telemetry::install();
         let database = open_storage(&config).await?;
         let committer = GroupCommitter::start(database.clone(), &config.storage.group_commit);
@@ -119,7 +121,14 @@ impl Node {
             seqs: Arc::new(SeqAllocator::new(Arc::new(database.clone()), config.seq.clone())),
         };
         let vitals = Arc::new(Vitals::default());
-        let settings = Settings { delivery: config.delivery.clone(), known_direct_idle: config.seq.evict_idle };
+        let settings = Settings {
+            delivery: config.delivery.clone(),
+            known_direct_idle: config.seq.evict_idle,
+            // A node that missed a change's announcement trusts its list no longer than a
+            // dead node's lease lasts.
+            group_cache_ttl: config.cluster.enabled().then(|| config.cluster.lease_ttl()),
+            max_group_members: config.api.max_group_members,
+        };
         let Services { membership, delivery, pipeline, seqs, lanes } =
             seams.services(storage, settings, ids, &plugins.host, &vitals);
         let held_here = cluster::HeldHere {
@@ -164,6 +173,7 @@ impl Node {
                 gateway: Arc::clone(&node.gateway),
                 lanes,
                 routes: Arc::clone(&cluster.cached_routes),
+                membership: Arc::clone(&node.membership),
             };
             cluster.serve_peers(Arc::new(peers), node.stop.subscribe());
             let lease_ttl = node.config.cluster.lease_ttl();
@@ -314,6 +324,10 @@ pub(crate) struct Settings {
     pub delivery: DeliveryConfig,
     /// How long a direct conversation is remembered as recorded once idle.
     pub known_direct_idle: Duration,
+    /// How long a group's member list is cached (`None`: until it changes).
+    pub group_cache_ttl: Option<Duration>,
+    /// Most members a group may hold.
+    pub max_group_members: usize,
 }
 
 /// A node's services, built on its seams.
@@ -356,7 +370,13 @@ impl Seams {
         plugins: &Arc<PluginHost>,
         vitals: &Arc<Vitals>,
     ) -> Services {
-        let membership = Arc::new(Membership::new(Arc::clone(&storage.groups), Arc::clone(&self.rooms)));
+        let membership = Arc::new(Membership::new(
+            Arc::clone(&storage.groups),
+            Arc::clone(&self.rooms),
+            Arc::clone(&self.bus),
+            settings.group_cache_ttl,
+            settings.max_group_members,
+        ));
         let lanes = Arc::new(Lanes::default());
         let reach = Reach {
             this_node: self.this_node,

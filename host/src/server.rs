@@ -1,14 +1,23 @@
 //! `herald serve`: opens storage (migrating it), starts the writers, and serves HTTP until
 //! told to stop. Shutdown is a token passed down, not a global.
+//!
+//! Connections are served by hyper's HTTP/1 server with a header read timeout
+//! (`gateway.header_read_timeout_ms`): a client that trickles its headers, or opens a
+//! socket and sends nothing, is cut off instead of holding a connection for ever.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{SockRef, TcpKeepalive};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tower_service::Service as _;
 
 use std::sync::Arc;
 
@@ -31,7 +40,7 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     /// Flip to `true` to start a graceful shutdown.
     stop: watch::Sender<bool>,
-    task: JoinHandle<std::io::Result<()>>,
+    task: JoinHandle<()>,
     node: Arc<Node>,
 }
 
@@ -46,33 +55,9 @@ pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
         TcpListener::bind(config.listen).await.map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     let addr = listener.local_addr().map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     let app = api::router(Arc::clone(&node));
-    let (stop, mut stopped) = watch::channel(false);
-    let keepalive_ms = config.gateway.tcp_keepalive_ms;
-    let task = tokio::spawn(async move {
-        // Frames are small and latency matters: no Nagle delay (it would hold a deliver
-        // back until the client's delayed ACK, ~40 ms).
-        let keepalive = (keepalive_ms > 0).then(|| {
-            TcpKeepalive::new()
-                .with_time(Duration::from_millis(keepalive_ms))
-                .with_interval(Duration::from_secs(10))
-                .with_retries(3)
-        });
-        let listener = listener.tap_io(move |tcp| {
-            if let Err(error) = tcp.set_nodelay(true) {
-                tracing::warn!(%error, "cannot set TCP_NODELAY");
-            }
-            if let Some(keepalive) = &keepalive
-                && let Err(error) = SockRef::from(&*tcp).set_tcp_keepalive(keepalive)
-            {
-                tracing::warn!(%error, "cannot set TCP keepalive");
-            }
-        });
-        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            })
-            .await
-    });
+    let (stop, stopped) = watch::channel(false);
+    let socket = SocketOptions::of(config);
+    let task = tokio::spawn(serve_http(listener, app, socket, stopped));
     tracing::info!(%addr, dev = config.dev, "herald is serving");
     // Only now that connections are accepted may other nodes send clients here.
     node.serve_clients_at(addr).await;
@@ -92,14 +77,109 @@ impl RunningServer {
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         self.node.shut_down().await;
-        match self.task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::error!(%error, "server stopped with an error"),
-            Err(error) => tracing::error!(%error, "server task failed"),
+        if let Err(error) = self.task.await {
+            tracing::error!(%error, "server task failed");
         }
         let node = self.node;
         node.committer.clone().close().await;
         node.leave_cluster().await;
         node.database.close().await;
+    }
+}
+
+/// How each accepted client socket is set up.
+#[derive(Clone, Copy)]
+struct SocketOptions {
+    keepalive: Option<Duration>,
+    header_read_timeout: Duration,
+}
+
+impl SocketOptions {
+    fn of(config: &Config) -> Self {
+        let keepalive_ms = config.gateway.tcp_keepalive_ms;
+        Self {
+            keepalive: (keepalive_ms > 0).then(|| Duration::from_millis(keepalive_ms)),
+            header_read_timeout: Duration::from_millis(config.gateway.header_read_timeout_ms),
+        }
+    }
+
+    fn apply(self, tcp: &TcpStream) {
+        // Frames are small and latency matters: no Nagle delay (it would hold a deliver
+        // back until the client's delayed ACK, ~40 ms).
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::warn!(%error, "cannot set TCP_NODELAY");
+        }
+        if let Some(time) = self.keepalive {
+            let keepalive = TcpKeepalive::new().with_time(time).with_interval(Duration::from_secs(10)).with_retries(3);
+            if let Err(error) = SockRef::from(tcp).set_tcp_keepalive(&keepalive) {
+                tracing::warn!(%error, "cannot set TCP keepalive");
+            }
+        }
+    }
+}
+
+/// Accepts connections and serves each on its own task until `stopped`; then stops
+/// accepting, lets requests under way finish and waits for their connections to close
+/// (upgraded WebSockets are the gateway's from the upgrade on, and do not hold this up).
+async fn serve_http(listener: TcpListener, app: Router, socket: SocketOptions, mut stopped: watch::Receiver<bool>) {
+    // Each connection task holds a receiver of `closing`; `closing.closed()` resolves once
+    // the last has finished.
+    let (closing, _) = watch::channel(false);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped.wait_for(|stop| *stop) => break,
+        };
+        match accepted {
+            Ok((tcp, remote)) => {
+                socket.apply(&tcp);
+                tokio::spawn(serve_connection(tcp, remote, app.clone(), socket, closing.subscribe()));
+            }
+            // Out of file descriptors and the like: wait rather than spin.
+            Err(error) => {
+                tracing::warn!(%error, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    drop(listener);
+    closing.send_replace(true);
+    closing.closed().await;
+}
+
+/// One client connection: HTTP/1 with upgrades, its address given to the handlers as
+/// axum's `ConnectInfo`, closed gracefully when `closing` flips.
+async fn serve_connection(
+    tcp: TcpStream,
+    remote: SocketAddr,
+    app: Router,
+    socket: SocketOptions,
+    mut closing: watch::Receiver<bool>,
+) {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(remote));
+        let mut app = app.clone();
+        async move { Ok::<_, Infallible>(app.call(request).await.unwrap_or_else(|never| match never {})) }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(socket.header_read_timeout)
+        .serve_connection(TokioIo::new(tcp), service)
+        .with_upgrades();
+    let mut connection = std::pin::pin!(connection);
+    let mut shutting_down = false;
+    loop {
+        tokio::select! {
+            served = connection.as_mut() => {
+                if let Err(error) = served {
+                    tracing::debug!(%error, %remote, "connection ended with an error");
+                }
+                return;
+            }
+            _ = closing.wait_for(|closing| *closing), if !shutting_down => {
+                shutting_down = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
     }
 }

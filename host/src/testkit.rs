@@ -128,6 +128,8 @@ impl Kit {
             // pushed, never a redelivery that a slow run let through.
             delivery: DeliveryConfig { max_attempts: 1, ..DeliveryConfig::default() },
             known_direct_idle: Duration::ZERO,
+            group_cache_ttl: None,
+            max_group_members: 10_000,
         };
         let ids = Arc::new(SnowflakeGenerator::new(THIS_NODE.0).expect("node id in range"));
         let services = seams.services(storage, settings, ids, &plugins, &Arc::new(Vitals::default()));
@@ -440,6 +442,8 @@ impl NodeBus for RecordingBus {
     async fn lowest_in_flight(&self, owner: NodeId, _conversation: &ConversationId) -> Result<Option<u64>, BusError> {
         Err(BusError::Unreachable(owner))
     }
+
+    async fn group_changed(&self, _group: &crate::model::GroupId) {}
 }
 
 /// Message reads, passed through to the database, with each `messages_after` noted.

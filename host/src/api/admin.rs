@@ -82,7 +82,7 @@ pub async fn route(
     query: Result<Query<RouteQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
-    let Query(query) = query.map_err(|error| ApiError::bad_request(error.body_text()))?;
+    let Query(query) = query.map_err(|error| ApiError::rejected(error.status(), error.body_text()))?;
     let invalid = |message: String| ApiError::bad_request(message);
     let user = UserId::parse(&query.user).map_err(|error| invalid(error.to_string()))?;
     let conversation = query

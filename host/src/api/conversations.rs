@@ -32,7 +32,7 @@ pub async fn messages(
     page: Result<Query<Page>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let user = require_user(&node, &headers)?;
-    let Query(page) = page.map_err(|error| ApiError::bad_request(error.body_text()))?;
+    let Query(page) = page.map_err(|error| ApiError::rejected(error.status(), error.body_text()))?;
     let conversation =
         ConversationId::parse(&conversation).map_err(|error| ApiError::bad_request(error.to_string()))?;
     // No limit: the page size `history` uses (0 asks for it); an explicit 0 means 1.
@@ -40,6 +40,7 @@ pub async fn messages(
     let read = node.delivery.page(&user, conversation, Span::After(page.after_seq), limit).await;
     let read = read.map_err(|error| match error {
         PullError::Invalid(reason) => ApiError::bad_request(reason),
+        PullError::Limit(reason) => ApiError::new(StatusCode::CONFLICT, "limit_exceeded", reason),
         PullError::Store(error) => ApiError::unavailable(error),
         PullError::Refused(crate::membership::Refusal::Store(error)) => ApiError::unavailable(error),
         PullError::Refused(refusal) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", refusal.to_string()),

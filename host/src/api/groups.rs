@@ -13,9 +13,6 @@ use crate::membership::GroupChange;
 use crate::model::{ConversationId, GroupId, UserId};
 use crate::node::Node;
 
-/// Most members a group may be created with in one call.
-const MAX_INITIAL_MEMBERS: usize = 10_000;
-
 #[derive(Deserialize)]
 pub struct CreateGroup {
     id: String,
@@ -37,6 +34,7 @@ fn change_error(error: GroupChange) -> ApiError {
         GroupChange::NoSuchGroup(_) | GroupChange::NotMember { .. } => {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", error.to_string())
         }
+        GroupChange::Full { .. } => ApiError::new(StatusCode::CONFLICT, "limit_exceeded", error.to_string()),
         GroupChange::Store(error) => ApiError::unavailable(error),
     }
 }
@@ -48,11 +46,8 @@ pub async fn create(
     body: Result<Json<CreateGroup>, axum::extract::rejection::JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     require_api_key(&node, &headers)?;
-    let Json(request) = body.map_err(|error| ApiError::bad_request(error.body_text()))?;
+    let Json(request) = body.map_err(|error| ApiError::rejected(error.status(), error.body_text()))?;
     let id = group_id(&request.id)?;
-    if request.members.len() > MAX_INITIAL_MEMBERS {
-        return Err(ApiError::bad_request(format!("at most {MAX_INITIAL_MEMBERS} members per call")));
-    }
     let mut members = request.members.iter().map(|m| user_id(m)).collect::<Result<Vec<_>, _>>()?;
     members.sort();
     members.dedup();

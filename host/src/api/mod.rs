@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
@@ -49,6 +49,16 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid", message)
     }
 
+    /// A body or query the extractor refused: `413 too_large` for a body over
+    /// `api.max_body_bytes`, else `400 invalid` with the parser's words.
+    pub fn rejected(status: StatusCode, words: String) -> Self {
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::new(status, "too_large", "the request body is larger than api.max_body_bytes")
+        } else {
+            Self::bad_request(words)
+        }
+    }
+
     pub fn unavailable(error: impl std::fmt::Display) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("storage unavailable: {error}"))
     }
@@ -81,7 +91,9 @@ pub fn router(node: Arc<Node>) -> Router {
     if node.config.dev {
         limited = limited.route("/", get(|| async { Html(WEB_PAGE) }));
     }
-    let limited = limited.route_layer(middleware::from_fn_with_state(Arc::clone(&node), limit_http));
+    let limited = limited
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&node), limit_http))
+        .layer(DefaultBodyLimit::max(node.config.api.max_body_bytes));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -93,7 +105,9 @@ pub fn router(node: Arc<Node>) -> Router {
 }
 
 /// `intake.http_requests_per_ip`: 429 with `Retry-After` over the client address's rate.
-/// A request whose address is unknown (the server was not given addresses) passes.
+/// A request whose address is unknown (the server was not given addresses) passes. A
+/// request that takes longer than `api.request_timeout_ms` (a body trickled in, say) is
+/// answered `408 timeout`.
 async fn limit_http(
     State(node): State<Arc<Node>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
@@ -105,7 +119,16 @@ async fn limit_http(
     {
         return refused.into_response();
     }
-    next.run(request).await
+    let timeout = std::time::Duration::from_millis(node.config.api.request_timeout_ms);
+    match tokio::time::timeout(timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            format!("the request did not complete within {} ms", timeout.as_millis()),
+        )
+        .into_response(),
+    }
 }
 
 /// The bearer token of a request, if any.
@@ -114,13 +137,21 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Checks the bearer key against `keys` (dev mode also takes `dev-key`); `what` names the
-/// kind of key in the error.
+/// kind of key in the error. Every key is compared in constant time, and all of them
+/// always: how long the answer takes does not tell how much of a guess was right.
 fn require_key(node: &Node, headers: &HeaderMap, keys: &[String], what: &str) -> Result<(), ApiError> {
     let key = bearer(headers).ok_or_else(|| {
         ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", format!("send Authorization: Bearer <{what}>"))
     })?;
-    let known = keys.iter().any(|k| k == key) || (node.config.dev && key == DEV_KEY);
-    if known { Ok(()) } else { Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", format!("unknown {what}"))) }
+    let dev_key = if node.config.dev { Some(DEV_KEY) } else { None };
+    let known = keys.iter().map(String::as_str).chain(dev_key).fold(subtle::Choice::from(0), |known, candidate| {
+        known | subtle::ConstantTimeEq::ct_eq(candidate.as_bytes(), key.as_bytes())
+    });
+    if bool::from(known) {
+        Ok(())
+    } else {
+        Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", format!("unknown {what}")))
+    }
 }
 
 /// Checks a server-to-server API key.

@@ -42,7 +42,7 @@ pub async fn announce(
     body: Result<Json<AnnouncementRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
     require_api_key(&node, &headers)?;
-    let Json(request) = body.map_err(|error| ApiError::bad_request(error.body_text()))?;
+    let Json(request) = body.map_err(|error| ApiError::rejected(error.status(), error.body_text()))?;
     let room = ConversationId::parse(&format!("room:{}", name.strip_prefix("room:").unwrap_or(&name)))
         .map_err(|error| ApiError::bad_request(error.to_string()))?;
     if request.content.is_empty() || request.content.len() > MAX_CONTENT_BYTES {

@@ -30,6 +30,9 @@ pub trait SeqFrontier: Send + Sync + 'static {
 pub enum PullError {
     #[error("{0}")]
     Invalid(String),
+    /// A configured limit would be passed (`limit_exceeded`).
+    #[error("{0}")]
+    Limit(String),
     #[error(transparent)]
     Refused(#[from] Refusal),
     #[error("storage unavailable: {0}")]
@@ -41,6 +44,7 @@ impl PullError {
     pub fn code(&self) -> &'static str {
         match self {
             PullError::Invalid(_) => "invalid",
+            PullError::Limit(_) => "limit_exceeded",
             PullError::Refused(Refusal::Store(_)) | PullError::Store(_) => "unavailable",
             PullError::Refused(_) => "forbidden",
         }
@@ -117,8 +121,17 @@ impl Delivery {
     /// Answers `sync`: what follows each cursor, and how far each answer is complete.
     ///
     /// # Errors
-    /// [`PullError`] when a conversation is invalid or not the user's.
+    /// [`PullError`] when a conversation is invalid or not the user's, or the request
+    /// carries more cursors than `max_sync_cursors`.
     pub async fn sync(&self, session: &Session, request: v1::Sync) -> Result<v1::SyncReply, PullError> {
+        let max = self.config.max_sync_cursors;
+        if request.cursors.len() > max {
+            return Err(PullError::Limit(format!(
+                "sync carries {} cursors, more than the {max} one sync may (delivery.max_sync_cursors); \
+                 split it",
+                request.cursors.len()
+            )));
+        }
         let limit = self.page_size(request.limit);
         let wanted: Vec<(ConversationId, u64)> = if request.cursors.is_empty() {
             self.device_conversations(&session.user, &session.device).await?.into_iter().collect()
@@ -166,12 +179,18 @@ impl Delivery {
     /// Subscribes the session to a room, with catch-up from `since_seq` if asked.
     ///
     /// # Errors
-    /// [`PullError::Invalid`] when `room` is not a `room:` conversation.
+    /// [`PullError::Invalid`] when `room` is not a `room:` conversation,
+    /// [`PullError::Limit`] when the connection is in as many rooms as it may be.
     pub async fn subscribe(&self, session: &Session, request: v1::Subscribe) -> Result<v1::Subscribed, PullError> {
         let room = room_of(&request.room)?;
-        if self.reach.rooms.subscribe(&room, session.id)
-            && let Err(error) = self.reach.room_directory.joined(&room, self.reach.this_node).await
-        {
+        let max = self.config.max_rooms_per_connection;
+        let Some(first) = self.reach.rooms.subscribe_at_most(&room, session.id, max) else {
+            return Err(PullError::Limit(format!(
+                "this connection is subscribed to {max} rooms, the most it may be \
+                 (delivery.max_rooms_per_connection); unsubscribe from one first"
+            )));
+        };
+        if first && let Err(error) = self.reach.room_directory.joined(&room, self.reach.this_node).await {
             tracing::warn!(%error, %room, "room directory unavailable; messages from other nodes may miss this one");
         }
         let latest_seq = self.stores.messages.latest_seq(&room).await?;

@@ -30,6 +30,8 @@ pub mod close {
     pub const SLOW_CONSUMER: u16 = 4008;
     pub const KICKED: u16 = 4009;
     pub const PROTOCOL_ERROR: u16 = 4010;
+    /// More frames per second than `gateway.frames_per_second` (and its burst) allow.
+    pub const TOO_MANY_FRAMES: u16 = 4029;
 }
 
 /// Why a connection closes: a close code of PROTOCOL.md and words for the client.

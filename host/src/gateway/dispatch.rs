@@ -11,7 +11,7 @@ use herald_proto::v1::{self, Frame, frame::Body};
 use herald_proto::{DecodeLimits, Encoding, decode_frame};
 
 use super::connection::{CloseReason, Connection, close};
-use super::intake::{InFlight, Refused};
+use super::intake::{FrameBudget, InFlight, Refused};
 use super::{Client, Gateway};
 use crate::delivery::pull::PullError;
 use crate::model::ConversationId;
@@ -27,9 +27,10 @@ pub(super) async fn read_loop(
     limits: &DecodeLimits,
 ) -> CloseReason {
     let silence = Duration::from_millis(gateway.config.heartbeat_ms.saturating_mul(3));
+    let budget = FrameBudget::new(gateway.config.frames_per_second, gateway.config.frame_burst);
     loop {
         let frame = tokio::select! {
-            next = tokio::time::timeout(silence, next_frame(stream, limits)) => match next {
+            next = tokio::time::timeout(silence, next_frame(stream, limits, &budget)) => match next {
                 Err(_) => return CloseReason::new(close::NORMAL, "no traffic for 3 heartbeat intervals"),
                 Ok(Ok(frame)) => frame,
                 Ok(Err(Some(why))) => return why,
@@ -44,14 +45,22 @@ pub(super) async fn read_loop(
 }
 
 /// Reads the next frame: `Err(None)` when the peer went away, `Err(Some(close))` for a
-/// frame that must close the connection.
+/// frame that must close the connection — one over the connection's `budget` among them.
 /// Binary messages are protobuf and text messages JSON, whichever subprotocol was chosen.
 pub(super) async fn next_frame(
     stream: &mut SplitStream<WebSocket>,
     limits: &DecodeLimits,
+    budget: &FrameBudget,
 ) -> Result<Frame, Option<CloseReason>> {
     loop {
-        let message = match stream.next().await {
+        let message = stream.next().await;
+        if message.is_some() && !budget.take() {
+            return Err(Some(CloseReason::new(
+                close::TOO_MANY_FRAMES,
+                format!("more than {} frames per second", budget.rate),
+            )));
+        }
+        let message = match message {
             None => return Err(None),
             Some(Ok(message)) => message,
             Some(Err(error)) => {

@@ -129,6 +129,27 @@ fn quota(rate: u32, burst: u32) -> Option<Quota> {
 /// One connection's own bucket of sends.
 pub struct SendBudget(Option<DefaultDirectRateLimiter>);
 
+/// One connection's bucket of frames (`gateway.frames_per_second`): every frame it sends,
+/// WebSocket pings included, takes a token. A client past it and its burst is flooding,
+/// not sending fast (sends are turned back long before, with RETRY), and is closed.
+pub struct FrameBudget {
+    bucket: Option<DefaultDirectRateLimiter>,
+    /// The rate, for the close reason.
+    pub rate: u32,
+}
+
+impl FrameBudget {
+    /// `rate` frames per second with `burst` on top; 0 turns it off.
+    pub fn new(rate: u32, burst: u32) -> Self {
+        Self { bucket: quota(rate, burst).map(RateLimiter::direct), rate }
+    }
+
+    /// Takes a token for one frame; `false` when the connection is over its budget.
+    pub fn take(&self) -> bool {
+        self.bucket.as_ref().is_none_or(|bucket| bucket.check().is_ok())
+    }
+}
+
 /// A send taken in: counts in the node's backlog until dropped (once it is acked and
 /// pushed, or refused).
 #[must_use = "the send counts in the backlog while this is held"]

@@ -56,7 +56,7 @@ use crate::routing::Route;
 use auth::Authenticator;
 use connection::{CloseReason, Connection, Connections, close};
 use dispatch::{next_frame, read_loop};
-use intake::{ConnectionPermit, Intake, SendBudget};
+use intake::{ConnectionPermit, FrameBudget, Intake, SendBudget};
 use redirect::Redirects;
 use writer::{close_now, write_loop};
 
@@ -236,7 +236,8 @@ async fn handshake(
     limits: &DecodeLimits,
 ) -> Result<(u32, v1::Connect), Option<CloseReason>> {
     let timeout = Duration::from_millis(gateway.config.connect_timeout_ms);
-    let first = match tokio::time::timeout(timeout, next_frame(stream, limits)).await {
+    let budget = FrameBudget::new(gateway.config.frames_per_second, gateway.config.frame_burst);
+    let first = match tokio::time::timeout(timeout, next_frame(stream, limits, &budget)).await {
         Err(_) => {
             return Err(Some(CloseReason::new(
                 close::NO_CONNECT,

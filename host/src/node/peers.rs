@@ -13,7 +13,8 @@ use async_trait::async_trait;
 use crate::cluster::peer::PeerHandler;
 use crate::delivery::Delivery;
 use crate::gateway::Gateway;
-use crate::model::{ConversationId, Message, UserId};
+use crate::membership::Membership;
+use crate::model::{ConversationId, GroupId, Message, UserId};
 use crate::pipeline::lanes::Lanes;
 use crate::pipeline::{Admission, Pipeline, Settled};
 use crate::routing::Route;
@@ -27,6 +28,7 @@ pub(super) struct NodePeers {
     pub gateway: Arc<Gateway>,
     pub lanes: Arc<Lanes>,
     pub routes: Arc<CachedRoutes>,
+    pub membership: Arc<Membership>,
 }
 
 #[async_trait]
@@ -56,5 +58,9 @@ impl PeerHandler for NodePeers {
 
     async fn routes_changed(&self, users: Vec<UserId>) {
         self.routes.invalidate(&users);
+    }
+
+    async fn group_changed(&self, group: GroupId) {
+        self.membership.forget(&group);
     }
 }

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use herald_proto::v1;
 
 use super::Route;
-use crate::model::{ConnectionId, ConversationId, DeviceId, Message, NodeId, UserId};
+use crate::model::{ConnectionId, ConversationId, DeviceId, GroupId, Message, NodeId, UserId};
 
 /// Where a send came from, and so where its ack must go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +64,10 @@ pub trait NodeBus: Send + Sync + 'static {
     async fn kick(&self, route: &Route) -> Result<(), BusError>;
     /// Asks `owner` for the lowest seq of `conversation` it has taken and not yet settled.
     async fn lowest_in_flight(&self, owner: NodeId, conversation: &ConversationId) -> Result<Option<u64>, BusError>;
+    /// Tells every other node that `group`'s members changed, so it drops what it cached;
+    /// returns once each node it could reach has (best effort: a node out of reach lets
+    /// its cached list expire).
+    async fn group_changed(&self, group: &GroupId);
 }
 
 /// Embedded mode's bus: a cluster of one node, with no other to reach.
@@ -91,4 +95,6 @@ impl NodeBus for LocalBus {
     async fn lowest_in_flight(&self, owner: NodeId, _conversation: &ConversationId) -> Result<Option<u64>, BusError> {
         Err(BusError::Unreachable(owner))
     }
+
+    async fn group_changed(&self, _group: &GroupId) {}
 }

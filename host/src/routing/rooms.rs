@@ -63,12 +63,26 @@ impl Rooms {
     /// Subscribes `connection` to `room`; returns whether it is the room's first subscriber
     /// on this node.
     pub fn subscribe(&self, room: &ConversationId, connection: ConnectionId) -> bool {
+        self.subscribe_at_most(room, connection, usize::MAX).unwrap_or(false)
+    }
+
+    /// Subscribes `connection` to `room` unless that would make more than `max` rooms for
+    /// it (subscribing again to one of its rooms always passes); returns whether it is the
+    /// room's first subscriber on this node, or `None` when refused.
+    pub fn subscribe_at_most(&self, room: &ConversationId, connection: ConnectionId, max: usize) -> Option<bool> {
+        {
+            // The connection's own set first, under its lock: two subscribes of one
+            // connection cannot both take its last place.
+            let mut rooms = self.subscriptions.entry(connection).or_default();
+            if rooms.len() >= max && !rooms.contains(room) {
+                return None;
+            }
+            rooms.insert(room.clone());
+        }
         let mut subscribers = self.subscribers.entry(room.clone()).or_default();
         let first = subscribers.is_empty();
         subscribers.insert(connection);
-        drop(subscribers);
-        self.subscriptions.entry(connection).or_default().insert(room.clone());
-        first
+        Some(first)
     }
 
     /// Unsubscribes `connection` from `room`; returns whether it was subscribed.
@@ -128,6 +142,10 @@ mod tests {
         assert!(rooms.subscribe(&lobby, one), "the first subscriber on this node");
         assert!(!rooms.subscribe(&lobby, two));
         assert!(rooms.subscribe(&arena, one));
+        let third = ConversationId::parse("room:third").expect("valid");
+        assert_eq!(rooms.subscribe_at_most(&third, one, 2), None, "one is in two rooms already");
+        assert_eq!(rooms.subscribe_at_most(&lobby, one, 2), Some(false), "again to its own room: fine");
+        assert!(!rooms.is_subscribed(&third, one));
         assert!(rooms.is_subscribed(&lobby, two));
         assert!(rooms.unsubscribe(&lobby, two));
         assert!(!rooms.unsubscribe(&lobby, two));

@@ -93,3 +93,17 @@ fn bad_configuration_is_refused_with_a_clear_message() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("unsupported database url"));
 }
+
+/// Dev mode accepts `dev:<user>` tokens and `dev-key`: it must never face a network.
+#[test]
+fn dev_mode_on_a_non_loopback_address_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = herald()
+        .args(["serve", "--dev", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .expect("run herald");
+    assert!(!output.status.success(), "herald --dev on 0.0.0.0 must not start");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("dev mode listens on loopback only"), "{stderr}");
+}

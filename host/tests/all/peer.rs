@@ -17,7 +17,7 @@ use herald_host::breaker::{BreakerConfig, BreakerState};
 use herald_host::cluster::peer::{
     PROTOCOL_VERSION, PeerAddresses, PeerBus, PeerHandler, PeerSecret, PeerServer, PeerTimeouts,
 };
-use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, Message, NodeId, UserId};
+use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, GroupId, Message, NodeId, UserId};
 use herald_host::pipeline::Settled;
 use herald_host::routing::Route;
 use herald_host::routing::bus::{BusError, NodeBus, Origin, SendAck, SendRequest};
@@ -121,6 +121,7 @@ enum Recorded {
     Kick(Route),
     LowestInFlight(ConversationId),
     RoutesChanged(Vec<UserId>),
+    GroupChanged(GroupId),
 }
 
 /// A [`PeerHandler`] that records every call. Sends wait while `sends` is closed and take
@@ -195,6 +196,10 @@ impl PeerHandler for Recorder {
     async fn lowest_in_flight(&self, conversation: ConversationId) -> Option<u64> {
         self.record(Recorded::LowestInFlight(conversation.clone()));
         (conversation.as_str() != "room:idle").then_some(41)
+    }
+
+    async fn group_changed(&self, group: GroupId) {
+        self.record(Recorded::GroupChanged(group));
     }
 
     async fn routes_changed(&self, users: Vec<UserId>) {
@@ -414,7 +419,7 @@ async fn publish_room_reaches_every_node_named() {
 }
 
 #[tokio::test]
-async fn a_route_change_is_announced_to_every_other_live_node_and_waited_for() {
+async fn route_and_group_changes_are_announced_to_every_other_live_node_and_waited_for() {
     let pair = Pair::start().await;
     let (other, _watch) = Recorder::new();
     let third = NodeId(3);
@@ -424,9 +429,11 @@ async fn a_route_change_is_announced_to_every_other_live_node_and_waited_for() {
     pair.directory.set(CALLER, "127.0.0.1:9".parse().expect("an address"));
     let users = vec![user("bob"), user("carol")];
     pair.bus.routes_changed(&users).await;
+    let group = GroupId::parse("team").expect("valid");
+    pair.bus.group_changed(&group).await;
     for recorder in [&pair.recorder, &other] {
         assert!(
-            matches!(recorder.calls().as_slice(), [Recorded::RoutesChanged(u)] if *u == users),
+            matches!(recorder.calls().as_slice(), [Recorded::RoutesChanged(u), Recorded::GroupChanged(g)] if *u == users && *g == group),
             "{:?}",
             recorder.calls()
         );

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::link::Link;
 use super::{Kind, PeerAddresses, PeerSecret, PeerTimeouts, wire};
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, BreakerStatus};
-use crate::model::{ConversationId, Message, NodeId, UserId};
+use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
 use crate::routing::Route;
 use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
 use crate::routing::cache::RouteChanges;
@@ -269,6 +269,10 @@ impl NodeBus for PeerBus {
         done(route.node, Kind::Kick, outcome)
     }
 
+    async fn group_changed(&self, group: &GroupId) {
+        self.announce(Kind::GroupChanged, wire::group_changed(group)).await;
+    }
+
     async fn lowest_in_flight(&self, owner: NodeId, conversation: &ConversationId) -> Result<Option<u64>, BusError> {
         match self.call(owner, Kind::LowestInFlight, wire::lowest_in_flight(conversation)).await? {
             Outcome::InFlight(InFlight { seq }) => Ok(seq),
@@ -282,13 +286,20 @@ impl NodeBus for PeerBus {
 #[async_trait]
 impl RouteChanges for PeerBus {
     async fn routes_changed(&self, users: &[UserId]) {
-        let request = wire::routes_changed(users);
+        self.announce(Kind::RoutesChanged, wire::routes_changed(users)).await;
+    }
+}
+
+impl PeerBus {
+    /// Sends `request` to every other live node at once and waits for their answers; a
+    /// node that cannot be reached within the request deadline is skipped.
+    async fn announce(&self, kind: Kind, request: WireKind) {
         let calls = self.addresses.nodes().into_iter().filter(|&node| node != self.local).map(|node| {
             let request = request.clone();
             async move {
-                let outcome = self.call(node, Kind::RoutesChanged, request).await;
-                if let Err(error) = outcome.and_then(|outcome| done(node, Kind::RoutesChanged, outcome)) {
-                    tracing::debug!(%node, %error, "a route change was not announced");
+                let outcome = self.call(node, kind, request).await;
+                if let Err(error) = outcome.and_then(|outcome| done(node, kind, outcome)) {
+                    tracing::debug!(%node, %error, kind = kind.name(), "a change was not announced");
                 }
             }
         });

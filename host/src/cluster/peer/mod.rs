@@ -69,7 +69,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::model::{ConversationId, Message, NodeId, UserId};
+use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
 use crate::pipeline::Settled;
 use crate::routing::Route;
 use crate::routing::bus::SendRequest;
@@ -113,6 +113,8 @@ pub trait PeerHandler: Send + Sync + 'static {
     async fn lowest_in_flight(&self, conversation: ConversationId) -> Option<u64>;
     /// `users`' routes changed on the calling node: forget what is cached of them.
     async fn routes_changed(&self, users: Vec<UserId>);
+    /// `group`'s members changed on the calling node: forget what is cached of them.
+    async fn group_changed(&self, group: GroupId);
 }
 
 /// `cluster.secret`: what every node of a cluster shares, and proves it knows when it opens
@@ -190,6 +192,7 @@ enum Kind {
     Kick,
     LowestInFlight,
     RoutesChanged,
+    GroupChanged,
 }
 
 impl Kind {
@@ -201,6 +204,7 @@ impl Kind {
             Self::Kick => "kick",
             Self::LowestInFlight => "lowest_in_flight",
             Self::RoutesChanged => "routes_changed",
+            Self::GroupChanged => "group_changed",
         }
     }
 }

@@ -190,6 +190,10 @@ impl PeerServer {
                 self.handler.routes_changed(users).await;
                 (done, None)
             }
+            Call::GroupChanged(group) => {
+                self.handler.group_changed(group).await;
+                (done, None)
+            }
         }
     }
 }

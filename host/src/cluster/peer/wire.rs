@@ -10,7 +10,7 @@ use herald_proto::peer::v1 as wire;
 use herald_proto::peer::v1::request::Kind as WireKind;
 
 use crate::delivery::wire_message;
-use crate::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, InvalidId, Message, NodeId, UserId};
+use crate::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, GroupId, InvalidId, Message, NodeId, UserId};
 use crate::routing::Route;
 use crate::routing::bus::{Origin, SendRequest};
 
@@ -39,6 +39,7 @@ pub(super) enum Call {
     Kick(Route),
     LowestInFlight(ConversationId),
     RoutesChanged(Vec<UserId>),
+    GroupChanged(GroupId),
 }
 
 impl Call {
@@ -79,6 +80,7 @@ impl Call {
             WireKind::RoutesChanged(changed) => {
                 Self::RoutesChanged(changed.users.iter().map(|user| UserId::parse(user)).collect::<Result<_, _>>()?)
             }
+            WireKind::GroupChanged(changed) => Self::GroupChanged(GroupId::parse(&changed.group)?),
         })
     }
 }
@@ -121,6 +123,10 @@ pub(super) fn kick(route: &Route) -> WireKind {
 
 pub(super) fn routes_changed(users: &[UserId]) -> WireKind {
     WireKind::RoutesChanged(wire::RoutesChanged { users: users.iter().map(ToString::to_string).collect() })
+}
+
+pub(super) fn group_changed(group: &GroupId) -> WireKind {
+    WireKind::GroupChanged(wire::GroupChanged { group: group.to_string() })
 }
 
 pub(super) fn lowest_in_flight(conversation: &ConversationId) -> WireKind {

@@ -135,6 +135,44 @@ async fn the_same_device_connecting_to_another_node_kicks_the_first_connection()
     nodes.stop().await;
 }
 
+/// A member removed through one node can do nothing more through another, at once: the
+/// node that made the change tells the others to drop their cached member list before
+/// answering. Node 1 owns the group and has its list cached when node 0 removes carol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_removed_on_one_node_cannot_send_through_another() {
+    let nodes = Nodes::start(2, Backend::Postgres).await;
+    let mut group = None;
+    for k in 0..500 {
+        let id = format!("crew{k}");
+        if nodes.owner_of(0, "carol", &format!("grp:{id}")).await == 1 {
+            group = Some(id);
+            break;
+        }
+    }
+    let id = group.expect("a group owned by node 1 among 500 ids");
+    let conversation = format!("grp:{id}");
+    nodes.nodes[0].create_group(&id, &["alice", "carol"]).await;
+    let mut carol = Client::connect(&nodes.nodes[1], "carol", "phone").await;
+    let mut alice = Client::connect(&nodes.nodes[0], "alice", "laptop").await;
+    let before = carol.send_ok(&conversation, "in the crew").await;
+    alice.deliver_of(before.message_id).await;
+    assert_eq!(carol.history(&conversation, 0, 10).await.messages.len(), 1, "node 1 has read the members");
+
+    let path = format!("/v1/groups/{id}/members/carol");
+    let removed = nodes.nodes[0].request("DELETE", &path, Some(DEV_KEY), None).await;
+    assert_eq!(removed.status, 204, "{removed:?}");
+    let reason = carol.send_rejected(&conversation, "still in?").await;
+    assert!(reason.contains("not a member"), "{reason}");
+    let rid = carol.send_history(&conversation, 0, 10).await;
+    let refused = carol.try_reply(rid, "history_reply", |_| None::<()>).await.expect_err("no longer a member");
+    assert_eq!(refused.code, "forbidden", "{refused:?}");
+    // Added back through node 0, she may send through node 1 at once.
+    let added = nodes.nodes[0].request("PUT", &path, Some(DEV_KEY), None).await;
+    assert_eq!(added.status, 204, "{added:?}");
+    carol.send_ok(&conversation, "back again").await;
+    nodes.stop().await;
+}
+
 /// The first-party plugins keep their state in Redis in cluster mode: a room's announcement
 /// interval holds across every node, and an announcement id is accepted once cluster-wide,
 /// its repeat answering with the original ids.

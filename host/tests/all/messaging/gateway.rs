@@ -42,20 +42,15 @@ async fn jwt_with_the_configured_secret_connects_as_its_subject() {
     assert_eq!(other.deliver_of(ack.message_id).await.attempt, 1);
 }
 
+/// Tokens that are not JWTs of this server at all; the claims and algorithms a JWT of the
+/// right shape may get wrong are rows of `auth_table`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_or_expired_tokens_close_with_4001() {
+async fn malformed_or_foreign_tokens_close_with_4001() {
     let herald = Herald::with().set("GATEWAY__JWT_SECRET", secret()).start().await;
     refused(&herald, "not-a-jwt", "garbage token").await;
     refused(&herald, "", "empty token").await;
     refused(&herald, &token::valid(b"some-other-secret-entirely-000000", "alice"), "JWT signed with another secret")
         .await;
-    let expired = json!({ "sub": "alice", "iat": now_s() - 7200, "exp": now_s() - 3600 });
-    refused(&herald, &token::sign(SECRET, &expired), "expired JWT").await;
-    let not_yet = json!({ "sub": "alice", "nbf": now_s() + 3600, "exp": now_s() + 7200 });
-    refused(&herald, &token::sign(SECRET, &not_yet), "JWT not valid before an hour from now").await;
-    refused(&herald, &token::unsigned("alice"), "unsigned JWT (alg none)").await;
-    let no_subject = json!({ "exp": now_s() + 3600 });
-    refused(&herald, &token::sign(SECRET, &no_subject), "JWT without sub").await;
     let mut tampered = token::valid(SECRET, "alice");
     tampered.push('x');
     refused(&herald, &tampered, "JWT with a tampered signature").await;

@@ -21,6 +21,8 @@ mod server;
 mod token;
 
 mod admin_page;
+mod auth_table;
+mod authz_table;
 mod chat;
 mod cluster_faults;
 mod cluster_nodes;
@@ -33,6 +35,7 @@ mod heartbeat;
 mod hostile;
 mod http;
 mod intake;
+mod limits;
 mod plugins;
 mod reconnect;
 mod rooms;

@@ -4,7 +4,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use serde_json::{Value, json};
-use sha2::Sha256;
+use sha2::{Sha256, Sha512};
 
 use super::client::now_ms;
 
@@ -25,6 +25,16 @@ fn sign_text(secret: &[u8], header: &str, claims: &str) -> String {
     mac.update(signing_input.as_bytes());
     let signature = mac.finalize().into_bytes();
     format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(signature))
+}
+
+/// A JWT with `header` and `claims`, signed HS512 with `secret` (a valid token of an
+/// algorithm the server is not configured for).
+pub fn sign_hs512_with_header(secret: &[u8], header: &Value, claims: &Value) -> String {
+    let signing_input =
+        format!("{}.{}", URL_SAFE_NO_PAD.encode(header.to_string()), URL_SAFE_NO_PAD.encode(claims.to_string()));
+    let mut mac = Hmac::<Sha512>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(signing_input.as_bytes());
+    format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes()))
 }
 
 /// An HS256 JWT with `claims`.
