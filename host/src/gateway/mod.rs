@@ -202,7 +202,10 @@ async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket, _permit: Connect
     let (mut sink, mut stream) = socket.split();
     let (rid, user, device) = match admit(&gateway, &mut stream, &limits).await {
         Ok(admitted) => admitted,
-        Err(Some(why)) => return close_now(&mut sink, why).await,
+        Err(Some(why)) => {
+            close_now(&mut sink, why).await;
+            return linger(&mut stream).await;
+        }
         Err(None) => return,
     };
     let (outbox, queued) = mpsc::channel(gateway.config.send_queue);
@@ -214,6 +217,25 @@ async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket, _permit: Connect
     let why = read_loop(&gateway, &client, &mut stream, &limits).await;
     client.connection.close(why);
     detach(&gateway, &client).await;
+    linger(&mut stream).await;
+}
+
+/// How long a closed connection's socket is read after the close, at most.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Reads (and drops) what the client still sends after this side closed, until it answers
+/// the close, goes away or [`LINGER`] passes. A socket closed with unread data in it is
+/// reset by the kernel, and the reset can destroy the close frame before the client reads
+/// it: a client closed while sending (a flood, an oversized frame) would never learn why.
+async fn linger(stream: &mut SplitStream<WebSocket>) {
+    let drain = async {
+        while let Some(Ok(message)) = stream.next().await {
+            if matches!(message, Message::Close(_)) {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// The handshake: a `connect` frame in time, a valid token, and the connect hook's yes.
