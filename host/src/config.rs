@@ -172,6 +172,10 @@ pub struct StorageConfig {
     /// SQLite page size in bytes (a power of two, 512..=65536), used when the database file
     /// is created; an existing file keeps the size it was made with.
     pub sqlite_page_size: u32,
+    /// Run SQLite's `quick_check` when opening the database, so a damaged file is refused
+    /// at start with what is wrong instead of failing sends later. It reads every page:
+    /// about a second per GiB.
+    pub sqlite_quick_check: bool,
     /// Group commit of message inserts.
     pub group_commit: GroupCommitConfig,
 }
@@ -187,6 +191,7 @@ impl Default for StorageConfig {
             sqlite_checkpoint_ms: 1_000,
             sqlite_wal_autocheckpoint_pages: 65_536,
             sqlite_page_size: 8192,
+            sqlite_quick_check: true,
             group_commit: GroupCommitConfig::default(),
         }
     }

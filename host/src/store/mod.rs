@@ -73,6 +73,11 @@ pub enum StoreError {
     DataDir { path: String, source: std::io::Error },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    #[error(
+        "{path} is not a healthy SQLite database ({detail}); restore it from a backup, or move it aside \
+         to start with an empty one (docs/OPERATIONS.md, \"Backup and restore\")"
+    )]
+    Damaged { path: String, detail: String },
     #[error("applying migrations failed: {0}")]
     Migrate(#[from] MigrateError),
     #[error("message {id} was not stored: its (conversation, seq) or id is taken by another message")]
@@ -226,6 +231,15 @@ pub struct Database {
     pub(crate) wal: Option<Arc<WalSync>>,
 }
 
+/// What an SQLite error says about the file, when it says it is not a database or is
+/// corrupt (SQLITE_NOTADB, SQLITE_CORRUPT).
+fn sqlite_damage(error: &sqlx::Error) -> Option<String> {
+    let database = error.as_database_error()?;
+    // Extended codes keep the primary code in their low byte (SQLITE_CORRUPT_INDEX is 779).
+    let primary = database.code()?.parse::<u32>().ok()? & 0xff;
+    matches!(primary, 11 | 26).then(|| database.message().to_owned())
+}
+
 impl Database {
     /// Opens a pool for `url` (creating the SQLite file and its folder if needed). Does not
     /// migrate; call [`migrate`](Self::migrate).
@@ -269,12 +283,27 @@ impl Database {
                 }
                 // A local file cannot drop a connection the way a server can: pinging each
                 // connection before handing it out only adds a round trip to every query.
+                let damaged =
+                    |detail: String| StoreError::Damaged { path: database_file.display().to_string(), detail };
                 let writer = SqlitePoolOptions::new()
                     .test_before_acquire(false)
                     .max_connections(1)
                     .acquire_timeout(config.connect_timeout)
                     .connect_with(options.clone())
-                    .await?;
+                    .await
+                    .map_err(|error| match sqlite_damage(&error) {
+                        Some(detail) => damaged(detail),
+                        None => StoreError::Database(error),
+                    })?;
+                if config.sqlite_quick_check {
+                    let findings: Vec<String> = sqlx::query_scalar("PRAGMA quick_check(5)")
+                        .fetch_all(&writer)
+                        .await
+                        .map_err(|error| sqlite_damage(&error).map_or(StoreError::Database(error), damaged))?;
+                    if findings.iter().any(|finding| finding != "ok") {
+                        return Err(damaged(findings.join("; ")));
+                    }
+                }
                 let reader = SqlitePoolOptions::new()
                     .test_before_acquire(false)
                     .max_connections(config.max_connections)

@@ -107,3 +107,37 @@ fn dev_mode_on_a_non_loopback_address_is_refused_at_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("dev mode listens on loopback only"), "{stderr}");
 }
+
+/// A data dir whose database file is damaged — not a database at all, or an SQLite file
+/// with garbage pages — is refused at start naming the file and what to do, without a panic.
+#[test]
+fn a_damaged_sqlite_file_is_refused_at_start_with_a_clear_message() {
+    let healthy = tempfile::tempdir().expect("temp dir");
+    let output = herald().args(["migrate", "--data-dir"]).arg(healthy.path()).output().expect("run herald");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let file = healthy.path().join("herald.db");
+    let mut bytes = std::fs::read(&file).expect("the migrated database");
+    assert!(bytes.len() > 8192 * 2, "several pages: {}", bytes.len());
+    // Keep the header page; overwrite the rest with a pattern no b-tree page has.
+    for byte in &mut bytes[8192..] {
+        *byte = 0xA5;
+    }
+    std::fs::write(&file, &bytes).expect("damage the file");
+
+    let garbage = tempfile::tempdir().expect("temp dir");
+    std::fs::write(garbage.path().join("herald.db"), vec![0x5A; 100_000]).expect("write garbage");
+
+    for (dir, what) in [(&healthy, "garbage pages"), (&garbage, "not a database")] {
+        let port = free_port();
+        let output = herald()
+            .args(["serve", "--dev", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(dir.path())
+            .output()
+            .expect("run herald");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{what}: herald must not start:\n{stderr}");
+        assert!(stderr.contains("is not a healthy SQLite database"), "{what}: {stderr}");
+        assert!(stderr.contains("herald.db") && stderr.contains("restore it from a backup"), "{what}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    }
+}
