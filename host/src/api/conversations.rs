@@ -4,12 +4,13 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, require_user};
+use super::{ApiError, path_params, require_user};
 use crate::delivery::pull::{PullError, Span};
 use crate::delivery::wire_message;
 use crate::model::ConversationId;
@@ -28,10 +29,11 @@ pub struct Page {
 pub async fn messages(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    Path(conversation): Path<String>,
+    conversation: Result<Path<String>, PathRejection>,
     page: Result<Query<Page>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let user = require_user(&node, &headers)?;
+    let conversation = path_params(conversation)?;
     let Query(page) = page.map_err(|error| ApiError::rejected(error.status(), error.body_text()))?;
     let conversation =
         ConversationId::parse(&conversation).map_err(|error| ApiError::bad_request(error.to_string()))?;

@@ -3,12 +3,13 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, require_api_key};
+use super::{ApiError, path_params, require_api_key};
 use crate::membership::GroupChange;
 use crate::model::{ConversationId, GroupId, UserId};
 use crate::node::Node;
@@ -63,9 +64,10 @@ pub async fn create(
 pub async fn add_member(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    Path((id, user)): Path<(String, String)>,
+    params: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
     require_api_key(&node, &headers)?;
+    let (id, user) = path_params(params)?;
     let (id, user) = (group_id(&id)?, user_id(&user)?);
     node.membership.add_member(&id, &user, node.clock.now_ms()).await.map_err(change_error)?;
     Ok(StatusCode::NO_CONTENT)
@@ -75,9 +77,10 @@ pub async fn add_member(
 pub async fn remove_member(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    Path((id, user)): Path<(String, String)>,
+    params: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
     require_api_key(&node, &headers)?;
+    let (id, user) = path_params(params)?;
     let (id, user) = (group_id(&id)?, user_id(&user)?);
     node.membership.remove_member(&id, &user).await.map_err(change_error)?;
     Ok(StatusCode::NO_CONTENT)

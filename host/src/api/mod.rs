@@ -13,7 +13,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
@@ -129,6 +130,13 @@ async fn limit_http(
         )
         .into_response(),
     }
+}
+
+/// A path's parameters; axum's own refusal (a parameter that is not valid UTF-8 once
+/// percent-decoded) is plain text, so it is answered here as `400 invalid` in PROTOCOL.md's
+/// shape.
+fn path_params<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+    path.map(|Path(params)| params).map_err(|rejection| ApiError::rejected(rejection.status(), rejection.body_text()))
 }
 
 /// The bearer token of a request, if any.

@@ -9,13 +9,14 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, require_api_key};
+use super::{ApiError, path_params, require_api_key};
 use crate::model::{ConversationId, UserId};
 use crate::node::Node;
 use crate::plugins::types::{AnnounceDecision, Announcement};
@@ -38,10 +39,11 @@ pub struct AnnouncementRequest {
 pub async fn announce(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
     body: Result<Json<AnnouncementRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
     require_api_key(&node, &headers)?;
+    let name = path_params(name)?;
     let Json(request) = body.map_err(|error| ApiError::rejected(error.status(), error.body_text()))?;
     let room = ConversationId::parse(&format!("room:{}", name.strip_prefix("room:").unwrap_or(&name)))
         .map_err(|error| ApiError::bad_request(error.to_string()))?;

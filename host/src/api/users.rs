@@ -3,12 +3,13 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, require_api_key};
+use super::{ApiError, path_params, require_api_key};
 use crate::model::UserId;
 use crate::node::Node;
 
@@ -42,9 +43,10 @@ pub async fn dev_token(
 pub async fn presence(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    Path(user): Path<String>,
+    user: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     require_api_key(&node, &headers)?;
+    let user = path_params(user)?;
     let user = UserId::parse(&user).map_err(|error| ApiError::bad_request(error.to_string()))?;
     let mut routes = node.routes.devices_of(std::slice::from_ref(&user)).await.map_err(ApiError::unavailable)?;
     let devices: Vec<Value> = routes
