@@ -138,14 +138,7 @@ pub fn config(data: &[u8]) {
 pub fn manifest(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let Ok(manifest) = Manifest::parse(text) else { return };
-    let base = Limits::default();
-    let patch = &manifest.limits;
-    let limits = Limits {
-        deadline_ms: patch.deadline_ms.unwrap_or(base.deadline_ms),
-        memory_mib: patch.memory_mib.unwrap_or(base.memory_mib),
-        table_elements: patch.table_elements.unwrap_or(base.table_elements),
-        max_host_calls: patch.max_host_calls.unwrap_or(base.max_host_calls),
-    };
+    let limits = manifest.limits.apply(Limits::default());
     let _ = (limits.deadline(), limits.memory_bytes(), manifest.config.to_string());
 }
 

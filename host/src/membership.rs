@@ -112,7 +112,8 @@ impl Membership {
             return Err(GroupChange::Full { group: group.clone(), max: self.max_members });
         }
         let created = self.store.create_group(group, members, now_ms).await;
-        self.changed(group).await;
+        // No node holds a list of a group that did not exist: nothing to announce.
+        self.forget(group);
         created.map_err(|error| match error {
             StoreError::GroupExists(_) => GroupChange::Exists(group.clone()),
             other => GroupChange::Store(other),
@@ -149,7 +150,9 @@ impl Membership {
     /// storage fails.
     pub async fn remove_member(&self, group: &GroupId, user: &UserId) -> Result<(), GroupChange> {
         let removed = self.store.remove_member(group, user).await;
-        self.changed(group).await;
+        if !matches!(removed, Ok(false)) {
+            self.changed(group).await;
+        }
         match removed {
             Ok(true) => Ok(()),
             Ok(false) => Err(GroupChange::NotMember { group: group.clone(), user: user.clone() }),

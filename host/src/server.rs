@@ -5,7 +5,6 @@
 //! (`gateway.header_read_timeout_ms`): a client that trickles its headers, or opens a
 //! socket and sends nothing, is cut off instead of holding a connection for ever.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -159,7 +158,7 @@ async fn serve_connection(
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         request.extensions_mut().insert(ConnectInfo(remote));
         let mut app = app.clone();
-        async move { Ok::<_, Infallible>(app.call(request).await.unwrap_or_else(|never| match never {})) }
+        async move { app.call(request).await }
     });
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

@@ -39,7 +39,8 @@ pub struct LimitsPatch {
 }
 
 impl LimitsPatch {
-    fn apply(&self, base: Limits) -> Limits {
+    /// `base` with the fields this patch sets replaced.
+    pub fn apply(&self, base: Limits) -> Limits {
         Limits {
             deadline_ms: self.deadline_ms.unwrap_or(base.deadline_ms),
             memory_mib: self.memory_mib.unwrap_or(base.memory_mib),

@@ -25,12 +25,12 @@ pub(super) async fn read_loop(
     client: &Client,
     stream: &mut SplitStream<WebSocket>,
     limits: &DecodeLimits,
+    budget: &FrameBudget,
 ) -> CloseReason {
     let silence = Duration::from_millis(gateway.config.heartbeat_ms.saturating_mul(3));
-    let budget = FrameBudget::new(gateway.config.frames_per_second, gateway.config.frame_burst);
     loop {
         let frame = tokio::select! {
-            next = tokio::time::timeout(silence, next_frame(stream, limits, &budget)) => match next {
+            next = tokio::time::timeout(silence, next_frame(stream, limits, budget)) => match next {
                 Err(_) => return CloseReason::new(close::NORMAL, "no traffic for 3 heartbeat intervals"),
                 Ok(Ok(frame)) => frame,
                 Ok(Err(Some(why))) => return why,

@@ -200,7 +200,9 @@ async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket, _permit: Connect
         .unwrap_or(Encoding::Proto);
     let limits = DecodeLimits { max_frame_bytes: gateway.config.max_frame_bytes, ..DecodeLimits::default() };
     let (mut sink, mut stream) = socket.split();
-    let (rid, user, device) = match admit(&gateway, &mut stream, &limits).await {
+    // One bucket for the connection's whole life: the handshake's frames count too.
+    let budget = FrameBudget::new(gateway.config.frames_per_second, gateway.config.frame_burst);
+    let (rid, user, device) = match admit(&gateway, &mut stream, &limits, &budget).await {
         Ok(admitted) => admitted,
         Err(Some(why)) => {
             close_now(&mut sink, why).await;
@@ -214,7 +216,7 @@ async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket, _permit: Connect
     let session = Arc::new(Session::new(id, user, device, Arc::clone(&connection) as _));
     let client = Client { connection, session, budget: gateway.intake.send_budget() };
     attach(&gateway, &client, rid, queued, sink, encoding).await;
-    let why = read_loop(&gateway, &client, &mut stream, &limits).await;
+    let why = read_loop(&gateway, &client, &mut stream, &limits, &budget).await;
     client.connection.close(why);
     detach(&gateway, &client).await;
     linger(&mut stream).await;
@@ -244,8 +246,9 @@ async fn admit(
     gateway: &Gateway,
     stream: &mut SplitStream<WebSocket>,
     limits: &DecodeLimits,
+    budget: &FrameBudget,
 ) -> Result<(u32, UserId, DeviceId), Option<CloseReason>> {
-    let (rid, connect) = handshake(gateway, stream, limits).await?;
+    let (rid, connect) = handshake(gateway, stream, limits, budget).await?;
     let (user, device) = authenticate(gateway, &connect)?;
     let user = authorize(gateway, user, &device).await?;
     Ok((rid, user, device))
@@ -256,10 +259,10 @@ async fn handshake(
     gateway: &Gateway,
     stream: &mut SplitStream<WebSocket>,
     limits: &DecodeLimits,
+    budget: &FrameBudget,
 ) -> Result<(u32, v1::Connect), Option<CloseReason>> {
     let timeout = Duration::from_millis(gateway.config.connect_timeout_ms);
-    let budget = FrameBudget::new(gateway.config.frames_per_second, gateway.config.frame_burst);
-    let first = match tokio::time::timeout(timeout, next_frame(stream, limits, &budget)).await {
+    let first = match tokio::time::timeout(timeout, next_frame(stream, limits, budget)).await {
         Err(_) => {
             return Err(Some(CloseReason::new(
                 close::NO_CONNECT,
