@@ -18,10 +18,12 @@ use crate::model::MAX_NODE_ID;
 mod cluster;
 mod edge;
 mod intake;
+mod tls;
 
 pub use cluster::{ClusterConfig, DEV_CLUSTER_SECRET};
 pub use edge::{ApiConfig, GatewayConfig};
 pub use intake::IntakeConfig;
+pub use tls::TlsConfig;
 
 /// A configuration that cannot be used, with what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +67,8 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// Intake protection: send and HTTP rates, the backlog cap, connection caps.
     pub intake: IntakeConfig,
+    /// TLS on the client listener and node-to-node links: on when `cert_file` is set.
+    pub tls: TlsConfig,
 }
 
 /// `[delivery]`: how messages reach devices.
@@ -143,6 +147,7 @@ impl Default for Config {
             plugin_runtime: herald_plugin_runtime::PluginHostConfig::default(),
             cluster: ClusterConfig::default(),
             intake: IntakeConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -358,6 +363,7 @@ impl Config {
         }
         self.gateway.validate().map_err(ConfigError::Invalid)?;
         self.api.validate().map_err(ConfigError::Invalid)?;
+        self.tls.validate().map_err(ConfigError::Invalid)?;
         let d = &self.delivery;
         if d.ack_timeout_ms == 0 || d.max_attempts == 0 || !(0.0..=1.0).contains(&d.jitter) || d.max_page == 0 {
             return Err(ConfigError::Invalid(

@@ -24,3 +24,4 @@ pub mod store;
 pub mod telemetry;
 #[cfg(test)]
 mod testkit;
+pub mod tls;

@@ -9,12 +9,16 @@
 //! bus, which drop their cached list before the change is answered: a member removed on
 //! one node can send through no other. A node out of reach at that moment lets its list
 //! expire (`cache_ttl`).
+//!
+//! The cache is bounded: at most [`MAX_CACHED_MEMBERS`] members over all its lists, and a
+//! list unused for the idle time (`seq.evict_idle`) is forgotten, so a node that sees a
+//! stream of new groups keeps only the ones in use.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use dashmap::DashMap;
+use moka::sync::Cache;
 
 use crate::model::{ConnectionId, ConversationId, ConversationKind, GroupId, UserId};
 use crate::routing::bus::NodeBus;
@@ -55,10 +59,8 @@ pub struct Membership {
     rooms: Arc<Rooms>,
     /// Where changes are announced to the other nodes.
     bus: Arc<dyn NodeBus>,
-    /// Member lists read from the store, and when.
-    groups: DashMap<GroupId, (Arc<Vec<UserId>>, Instant)>,
-    /// How long a cached list is trusted (`None`: until a change drops it).
-    cache_ttl: Option<Duration>,
+    /// Member lists read from the store; each weighs its member count.
+    groups: Cache<GroupId, Arc<Vec<UserId>>>,
     /// Bumped by every drop of a cached list: a read that started before it must not
     /// cache what it read.
     generation: AtomicU64,
@@ -70,20 +72,40 @@ pub struct Membership {
     adding: tokio::sync::Mutex<()>,
 }
 
+/// Most members held in the cache over all its lists (a list weighs its members, plus one).
+pub const MAX_CACHED_MEMBERS: u64 = 1 << 20;
+
+/// How long the group cache trusts a list, and when it forgets one.
+#[derive(Clone, Copy, Debug)]
+pub struct CachePolicy {
+    /// How long a cached list is trusted (`None`: until a change drops it).
+    pub ttl: Option<Duration>,
+    /// A list unused this long is forgotten (zero: only the bound forgets lists).
+    pub idle: Duration,
+}
+
 impl Membership {
     pub fn new(
         store: Arc<dyn GroupStore>,
         rooms: Arc<Rooms>,
         bus: Arc<dyn NodeBus>,
-        cache_ttl: Option<Duration>,
+        cache: CachePolicy,
         max_members: usize,
     ) -> Self {
+        let mut groups = Cache::builder().max_capacity(MAX_CACHED_MEMBERS).weigher(|_, members: &Arc<Vec<UserId>>| {
+            u32::try_from(members.len()).unwrap_or(u32::MAX).saturating_add(1)
+        });
+        if let Some(ttl) = cache.ttl {
+            groups = groups.time_to_live(ttl);
+        }
+        if !cache.idle.is_zero() {
+            groups = groups.time_to_idle(cache.idle);
+        }
         Self {
             store,
             rooms,
             bus,
-            groups: DashMap::new(),
-            cache_ttl,
+            groups: groups.build(),
             generation: AtomicU64::new(0),
             max_members,
             adding: tokio::sync::Mutex::new(()),
@@ -93,7 +115,12 @@ impl Membership {
     /// Drops the cached member list of `group` (it changed, here or on another node).
     pub fn forget(&self, group: &GroupId) {
         self.generation.fetch_add(1, Ordering::SeqCst);
-        self.groups.remove(group);
+        self.groups.invalidate(group);
+    }
+
+    /// How many member lists are cached (approximate: the cache counts lazily).
+    pub fn cached_lists(&self) -> u64 {
+        self.groups.entry_count()
     }
 
     /// After a change is stored: drops the list here, then on every other node.
@@ -165,19 +192,17 @@ impl Membership {
     /// # Errors
     /// [`StoreError`] when storage fails.
     pub async fn group_members(&self, group: &GroupId) -> Result<Option<Arc<Vec<UserId>>>, StoreError> {
-        if let Some(cached) = self.groups.get(group)
-            && self.cache_ttl.is_none_or(|ttl| cached.1.elapsed() < ttl)
-        {
-            return Ok(Some(Arc::clone(&cached.0)));
+        if let Some(cached) = self.groups.get(group) {
+            return Ok(Some(cached));
         }
         let generation = self.generation.load(Ordering::SeqCst);
         let Some(members) = self.store.group_members(group).await? else { return Ok(None) };
         let members = Arc::new(members);
         if self.generation.load(Ordering::SeqCst) == generation {
-            self.groups.insert(group.clone(), (Arc::clone(&members), Instant::now()));
+            self.groups.insert(group.clone(), Arc::clone(&members));
             // A change dropped the lists while this one went in: it may be older than it.
             if self.generation.load(Ordering::SeqCst) != generation {
-                self.groups.remove(group);
+                self.groups.invalidate(group);
             }
         }
         Ok(Some(members))

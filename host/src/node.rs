@@ -8,6 +8,7 @@
 
 mod cluster;
 mod peers;
+mod sizes;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,7 +28,7 @@ use crate::gateway::intake::Intake;
 use crate::gateway::redirect::Redirects;
 use crate::health::{Sampler, Tier, Vitals};
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
-use crate::membership::Membership;
+use crate::membership::{CachePolicy, Membership};
 use crate::model::NodeId;
 use crate::pipeline::dedup::{DedupMarks, LocalDedup};
 use crate::pipeline::lanes::{Lanes, OwnerFrontier};
@@ -38,6 +39,7 @@ use crate::routing::rooms::{MemoryRoomDirectory, RoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::StaticTopology;
 use crate::routing::{MemoryRouteTable, RouteTable};
+use crate::tls::Tls;
 pub use cluster::{Cluster, ClusterStatus};
 use peers::NodePeers;
 
@@ -74,6 +76,8 @@ pub struct Node {
     pub vitals: Arc<Vitals>,
     /// This node's lease, peers and Redis seams; `None` in embedded mode.
     pub cluster: Option<Arc<Cluster>>,
+    /// TLS for the client listener and node-to-node links; `None` when `[tls]` is off.
+    pub tls: Option<Tls>,
     /// Turns true at shutdown; every background loop stops on it.
     stop: watch::Sender<bool>,
 }
@@ -90,6 +94,7 @@ impl Node {
             .map_err(|error| NodeError::Config(error.to_string()))?
             .expecting(gateway.jwt_issuer.as_deref(), gateway.jwt_audience.as_deref(), gateway.max_token_bytes);
         crate::telemetry::install();
+        let tls = Tls::from_config(&config.tls).map_err(|error| NodeError::Config(error.to_string()))?;
         let database = open_storage(&config).await?;
         let committer = GroupCommitter::start(database.clone(), &config.storage.group_commit);
         let cluster = match config.cluster.enabled() {
@@ -149,6 +154,17 @@ impl Node {
             Arc::clone(&plugins.host),
             intake,
         ));
+        let maps = sizes::Maps {
+            gateway: Arc::clone(&gateway),
+            delivery: Arc::clone(&delivery),
+            routes: Arc::clone(&seams.routes),
+            rooms: Arc::clone(&seams.rooms),
+            dedup: Arc::clone(&seams.dedup),
+            membership: Arc::clone(&membership),
+            pipeline: Arc::clone(&pipeline),
+            seqs: Arc::clone(&seqs),
+            lanes: Arc::clone(&lanes),
+        };
         let node = Arc::new(Self {
             database,
             committer,
@@ -162,10 +178,11 @@ impl Node {
             plugins,
             vitals,
             cluster,
+            tls,
             stop: watch::Sender::new(false),
             config,
         });
-        node.start_background(Arc::clone(&seqs), Arc::clone(&lanes));
+        node.start_background(Arc::clone(&seqs), Arc::clone(&lanes), maps);
         if let Some(cluster) = &node.cluster {
             let peers = NodePeers {
                 pipeline: Arc::clone(&node.pipeline),
@@ -189,8 +206,9 @@ impl Node {
     }
 
     /// Starts the loops that keep the node tidy; each stops at shutdown.
-    fn start_background(self: &Arc<Self>, seqs: Arc<SeqAllocator>, lanes: Arc<Lanes>) {
+    fn start_background(self: &Arc<Self>, seqs: Arc<SeqAllocator>, lanes: Arc<Lanes>, maps: sizes::Maps) {
         self.spawn_until_stopped(Arc::clone(&self.delivery).flush_cursors_periodically());
+        self.spawn_until_stopped(maps.report_every(Duration::from_secs(1)));
         let checkpoints = Duration::from_millis(self.config.storage.sqlite_checkpoint_ms.max(10));
         self.spawn_until_stopped(self.database.clone().checkpoint_periodically(checkpoints));
         self.spawn_until_stopped(watch_health(
@@ -322,7 +340,8 @@ pub(crate) struct Storage {
 /// The settings the services take from the config.
 pub(crate) struct Settings {
     pub delivery: DeliveryConfig,
-    /// How long a direct conversation is remembered as recorded once idle.
+    /// How long a direct conversation is remembered as recorded, and a group's member list
+    /// cached, once idle.
     pub known_direct_idle: Duration,
     /// How long a group's member list is cached (`None`: until it changes).
     pub group_cache_ttl: Option<Duration>,
@@ -374,7 +393,7 @@ impl Seams {
             Arc::clone(&storage.groups),
             Arc::clone(&self.rooms),
             Arc::clone(&self.bus),
-            settings.group_cache_ttl,
+            CachePolicy { ttl: settings.group_cache_ttl, idle: settings.known_direct_idle },
             settings.max_group_members,
         ));
         let lanes = Arc::new(Lanes::default());

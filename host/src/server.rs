@@ -4,6 +4,9 @@
 //! Connections are served by hyper's HTTP/1 server with a header read timeout
 //! (`gateway.header_read_timeout_ms`): a client that trickles its headers, or opens a
 //! socket and sends nothing, is cut off instead of holding a connection for ever.
+//!
+//! With `[tls]` set, every connection is TLS (`https://`, `wss://`; `crate::tls`): its
+//! handshake must finish within the same header read timeout.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -13,6 +16,7 @@ use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{SockRef, TcpKeepalive};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -56,8 +60,10 @@ pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
     let app = api::router(Arc::clone(&node));
     let (stop, stopped) = watch::channel(false);
     let socket = SocketOptions::of(config);
-    let task = tokio::spawn(serve_http(listener, app, socket, stopped));
-    tracing::info!(%addr, dev = config.dev, "herald is serving");
+    let tls = node.tls.as_ref().map(|tls| tls.acceptor().clone());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let task = tokio::spawn(serve_http(listener, app, socket, tls, stopped));
+    tracing::info!(%addr, dev = config.dev, scheme, "herald is serving");
     // Only now that connections are accepted may other nodes send clients here.
     node.serve_clients_at(addr).await;
     Ok(RunningServer { addr, stop, task, node })
@@ -120,7 +126,13 @@ impl SocketOptions {
 /// Accepts connections and serves each on its own task until `stopped`; then stops
 /// accepting, lets requests under way finish and waits for their connections to close
 /// (upgraded WebSockets are the gateway's from the upgrade on, and do not hold this up).
-async fn serve_http(listener: TcpListener, app: Router, socket: SocketOptions, mut stopped: watch::Receiver<bool>) {
+async fn serve_http(
+    listener: TcpListener,
+    app: Router,
+    socket: SocketOptions,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    mut stopped: watch::Receiver<bool>,
+) {
     // Each connection task holds a receiver of `closing`; `closing.closed()` resolves once
     // the last has finished.
     let (closing, _) = watch::channel(false);
@@ -132,7 +144,11 @@ async fn serve_http(listener: TcpListener, app: Router, socket: SocketOptions, m
         match accepted {
             Ok((tcp, remote)) => {
                 socket.apply(&tcp);
-                tokio::spawn(serve_connection(tcp, remote, app.clone(), socket, closing.subscribe()));
+                let (app, closing) = (app.clone(), closing.subscribe());
+                match &tls {
+                    None => drop(tokio::spawn(serve_connection(tcp, remote, app, socket, closing))),
+                    Some(tls) => drop(tokio::spawn(serve_tls(tls.clone(), tcp, remote, app, socket, closing))),
+                }
             }
             // Out of file descriptors and the like: wait rather than spin.
             Err(error) => {
@@ -146,10 +162,32 @@ async fn serve_http(listener: TcpListener, app: Router, socket: SocketOptions, m
     closing.closed().await;
 }
 
+/// A TLS connection: its handshake, bounded by the header read timeout, then HTTP.
+async fn serve_tls(
+    tls: tokio_rustls::TlsAcceptor,
+    tcp: TcpStream,
+    remote: SocketAddr,
+    app: Router,
+    socket: SocketOptions,
+    closing: watch::Receiver<bool>,
+) {
+    match tokio::time::timeout(socket.header_read_timeout, tls.accept(tcp)).await {
+        Ok(Ok(stream)) => serve_connection(stream, remote, app, socket, closing).await,
+        Ok(Err(error)) => {
+            metrics::counter!("herald_tls_handshake_failures_total").increment(1);
+            tracing::debug!(%error, %remote, "tls handshake failed");
+        }
+        Err(_) => {
+            metrics::counter!("herald_tls_handshake_failures_total").increment(1);
+            tracing::debug!(%remote, "tls handshake not finished within gateway.header_read_timeout_ms");
+        }
+    }
+}
+
 /// One client connection: HTTP/1 with upgrades, its address given to the handlers as
 /// axum's `ConnectInfo`, closed gracefully when `closing` flips.
 async fn serve_connection(
-    tcp: TcpStream,
+    io: impl AsyncRead + AsyncWrite + Send + Unpin + 'static,
     remote: SocketAddr,
     app: Router,
     socket: SocketOptions,
@@ -163,7 +201,7 @@ async fn serve_connection(
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(socket.header_read_timeout)
-        .serve_connection(TokioIo::new(tcp), service)
+        .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
     let mut connection = std::pin::pin!(connection);
     let mut shutting_down = false;

@@ -245,6 +245,11 @@ impl Intake {
         }
     }
 
+    /// Buckets held for users and HTTP client addresses (idle ones are forgotten every minute).
+    pub fn buckets(&self) -> usize {
+        self.per_user.as_ref().map_or(0, RateLimiter::len) + self.per_http_client.as_ref().map_or(0, RateLimiter::len)
+    }
+
     /// Sends taken in and not yet done.
     pub fn backlog(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)

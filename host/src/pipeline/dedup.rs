@@ -55,6 +55,10 @@ pub trait DedupMarks: Send + Sync + 'static {
     async fn complete(&self, sender: &UserId, client_msg_id: &ClientMsgId, outcome: Outcome);
     /// The send failed: drop the mark so a retry is processed.
     async fn cancel(&self, sender: &UserId, client_msg_id: &ClientMsgId);
+    /// How many marks this process holds; marks kept elsewhere (Redis) count none here.
+    fn held_here(&self) -> u64 {
+        0
+    }
 }
 
 /// One mark: the watch channel is its state — `None` while the send is in flight, then
@@ -94,6 +98,10 @@ impl DedupMarks for LocalDedup {
         if let Some(slot) = self.marks.remove(&(sender.clone(), client_msg_id.clone())) {
             slot.send_replace(Some(None));
         }
+    }
+
+    fn held_here(&self) -> u64 {
+        self.len()
     }
 }
 

@@ -178,6 +178,11 @@ pub struct Pipeline {
 const MAX_KNOWN_DIRECT: u64 = 1_000_000;
 
 impl Pipeline {
+    /// Direct conversations remembered as recorded.
+    pub fn known_direct(&self) -> u64 {
+        self.known_direct.entry_count()
+    }
+
     pub fn new(parts: PipelineParts) -> Self {
         let known_direct = moka::sync::Cache::builder().max_capacity(MAX_KNOWN_DIRECT);
         let known_direct = if parts.known_direct_idle.is_zero() {

@@ -193,6 +193,10 @@ impl RouteTable for CachedRoutes {
         self.announce(std::slice::from_ref(&route.user)).await;
         removed
     }
+
+    fn held_here(&self) -> usize {
+        usize::try_from(self.entries.entry_count()).unwrap_or(usize::MAX) + self.inner.held_here()
+    }
 }
 
 #[cfg(test)]

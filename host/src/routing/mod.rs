@@ -66,6 +66,11 @@ pub trait RouteTable: Send + Sync + 'static {
     async fn forget_stale(&self, route: &Route) -> Result<bool, RouteError> {
         self.logout(&route.user, &route.device, route.node, route.connection).await
     }
+    /// How many entries this process holds (users with a route, or cached users); a table
+    /// kept elsewhere (Redis) holds none here.
+    fn held_here(&self) -> usize {
+        0
+    }
 }
 
 /// The embedded route table: a concurrent map in this process.
@@ -118,6 +123,10 @@ impl RouteTable for MemoryRouteTable {
         }
         devices.insert(route.device.clone(), route);
         Ok(true)
+    }
+
+    fn held_here(&self) -> usize {
+        self.users.len()
     }
 }
 

@@ -60,8 +60,14 @@ pub struct Rooms {
 }
 
 impl Rooms {
+    /// Rooms with a subscriber here, and connections with a subscription.
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.subscribers.len(), self.subscriptions.len())
+    }
+
     /// Subscribes `connection` to `room`; returns whether it is the room's first subscriber
     /// on this node.
+
     pub fn subscribe(&self, room: &ConversationId, connection: ConnectionId) -> bool {
         self.subscribe_at_most(room, connection, usize::MAX).unwrap_or(false)
     }

@@ -101,7 +101,9 @@ impl Client {
                 .headers_mut()
                 .insert("Sec-WebSocket-Protocol", HeaderValue::from_str(protocol).expect("header value"));
         }
-        let opened = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request)).await;
+        let connector = herald.tls().map(|config| tokio_tungstenite::Connector::Rustls(std::sync::Arc::clone(config)));
+        let connecting = tokio_tungstenite::connect_async_tls_with_config(request, None, false, connector);
+        let opened = tokio::time::timeout(WAIT, connecting).await;
         let (ws, response) = match opened {
             Ok(Ok(pair)) => pair,
             Ok(Err(error)) => {

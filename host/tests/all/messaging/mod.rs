@@ -42,6 +42,7 @@ mod rooms;
 mod slow_consumer;
 mod store_breaker;
 mod sync;
+mod tls;
 mod validation;
 mod web;
 

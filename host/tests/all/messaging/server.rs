@@ -8,11 +8,14 @@ use std::io::Read as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
+use tokio_rustls::rustls::ClientConfig;
+use tokio_rustls::rustls::pki_types::ServerName;
 
 /// The API key (and admin key) dev mode accepts.
 pub const DEV_KEY: &str = "dev-key";
@@ -22,11 +25,13 @@ pub const DEV_KEY: &str = "dev-key";
 pub struct Options {
     env: Vec<(String, String)>,
     dev: bool,
+    /// The server speaks TLS (`[tls]` set): clients connect with this configuration.
+    tls: Option<Arc<ClientConfig>>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { env: Vec::new(), dev: true }
+        Self { env: Vec::new(), dev: true, tls: None }
     }
 }
 
@@ -34,6 +39,13 @@ impl Options {
     /// Sets a `HERALD_*` setting, e.g. `("GATEWAY__HEARTBEAT_MS", "200")`.
     pub fn set(mut self, key: &str, value: impl ToString) -> Self {
         self.env.push((format!("HERALD_{key}"), value.to_string()));
+        self
+    }
+
+    /// The server terminates TLS (set `TLS__CERT_FILE` / `TLS__KEY_FILE` too): HTTP
+    /// requests and WebSockets of the harness go over TLS with `client`.
+    pub fn tls(mut self, client: Arc<ClientConfig>) -> Self {
+        self.tls = Some(client);
         self
     }
 
@@ -72,9 +84,15 @@ impl Herald {
         Options::default()
     }
 
-    /// `ws://127.0.0.1:<port>/v1/ws`
+    /// `ws://127.0.0.1:<port>/v1/ws` (`wss://` when the server speaks TLS)
     pub fn ws_url(&self) -> String {
-        format!("ws://127.0.0.1:{}/v1/ws", self.port)
+        let scheme = if self.options.tls.is_some() { "wss" } else { "ws" };
+        format!("{scheme}://127.0.0.1:{}/v1/ws", self.port)
+    }
+
+    /// The TLS client configuration, when the server speaks TLS.
+    pub fn tls(&self) -> Option<&Arc<ClientConfig>> {
+        self.options.tls.as_ref()
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -135,7 +153,7 @@ impl Herald {
                 self.child = None;
                 return Err(format!("exited with {status}"));
             }
-            if let Ok(response) = http(self.port, "GET", "/healthz", None, None).await
+            if let Ok(response) = exchange(self.port, self.tls(), "GET", "/healthz", None, None).await
                 && response.status == 200
             {
                 return Ok(());
@@ -197,7 +215,7 @@ impl Herald {
 
     /// An HTTP request with a body given as text (which need not be valid JSON).
     pub async fn request_text(&self, method: &str, path: &str, auth: Option<&str>, body: Option<String>) -> Response {
-        match http(self.port, method, path, auth, body).await {
+        match exchange(self.port, self.tls(), method, path, auth, body).await {
             Ok(response) => response,
             Err(error) => panic!("{method} {path}: no HTTP answer: {error}\n{}", self.log_tail()),
         }
@@ -296,8 +314,44 @@ pub async fn http(
     auth: Option<&str>,
     body: Option<String>,
 ) -> Result<Response, String> {
+    exchange(port, None, method, path, auth, body).await
+}
+
+/// One HTTP/1.1 request over a fresh connection, over TLS with `tls` when given.
+pub async fn exchange(
+    port: u16,
+    tls: Option<&Arc<ClientConfig>>,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+    body: Option<String>,
+) -> Result<Response, String> {
     let exchange = async {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+        let tcp = TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+        match tls {
+            None => talk(tcp, port, method, path, auth, body).await,
+            Some(config) => {
+                let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+                let stream = tokio_rustls::TlsConnector::from(Arc::clone(config))
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| format!("tls handshake: {e}"))?;
+                talk(stream, port, method, path, auth, body).await
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), exchange).await.map_err(|_| "timed out after 15 s".to_owned())?
+}
+
+async fn talk(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    port: u16,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+    body: Option<String>,
+) -> Result<Response, String> {
+    {
         let payload = body.clone().unwrap_or_default();
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
         if let Some(token) = auth {
@@ -313,10 +367,14 @@ pub async fn http(
         head.push_str(&payload);
         stream.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
         let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.map_err(|e| e.to_string())?;
+        if let Err(error) = stream.read_to_end(&mut raw).await {
+            // A TLS peer that closes without close_notify: the response is whole all the same.
+            if error.kind() != std::io::ErrorKind::UnexpectedEof || raw.is_empty() {
+                return Err(error.to_string());
+            }
+        }
         parse_response(&raw)
-    };
-    tokio::time::timeout(Duration::from_secs(15), exchange).await.map_err(|_| "timed out after 15 s".to_owned())?
+    }
 }
 
 fn parse_response(raw: &[u8]) -> Result<Response, String> {

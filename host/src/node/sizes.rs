@@ -1,0 +1,66 @@
+//! The sizes of the node's in-memory maps as `herald_map_entries{map=…}` gauges, and the
+//! runtime's live tasks as `herald_runtime_alive_tasks`: what grows without bound shows
+//! here first (the soak test, `scripts/soak.sh`, fails on a growing trend of any of them).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::delivery::Delivery;
+use crate::gateway::Gateway;
+use crate::ids::SeqAllocator;
+use crate::membership::Membership;
+use crate::pipeline::Pipeline;
+use crate::pipeline::dedup::DedupMarks;
+use crate::pipeline::lanes::Lanes;
+use crate::routing::RouteTable;
+use crate::routing::rooms::Rooms;
+
+/// Every map whose size is reported.
+pub(crate) struct Maps {
+    pub gateway: Arc<Gateway>,
+    pub delivery: Arc<Delivery>,
+    pub routes: Arc<dyn RouteTable>,
+    pub rooms: Arc<Rooms>,
+    pub dedup: Arc<dyn DedupMarks>,
+    pub membership: Arc<Membership>,
+    pub pipeline: Arc<Pipeline>,
+    pub seqs: Arc<SeqAllocator>,
+    pub lanes: Arc<Lanes>,
+}
+
+impl Maps {
+    /// Each map's name (the gauge's `map` label) and entries now.
+    pub fn sizes(&self) -> [(&'static str, u64); 12] {
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let sessions = self.delivery.sessions();
+        let (rooms, subscribed_connections) = self.rooms.sizes();
+        [
+            ("connections", count(self.gateway.connections.len())),
+            ("sessions", count(sessions.len())),
+            ("parked_sessions", count(sessions.parked_len())),
+            ("routes", count(self.routes.held_here())),
+            ("rooms", count(rooms)),
+            ("room_subscriptions", count(subscribed_connections)),
+            ("lanes", count(self.lanes.len())),
+            ("seq_conversations", count(self.seqs.conversations())),
+            ("dedup_marks", self.dedup.held_here()),
+            ("group_lists", self.membership.cached_lists()),
+            ("known_direct", self.pipeline.known_direct()),
+            ("intake_buckets", count(self.gateway.intake.buckets())),
+        ]
+    }
+
+    /// Sets the gauges every `every`, for as long as it runs.
+    pub async fn report_every(self, every: Duration) {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            for (map, entries) in self.sizes() {
+                metrics::gauge!("herald_map_entries", "map" => map).set(entries as f64);
+            }
+            let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+            metrics::gauge!("herald_runtime_alive_tasks").set(tasks as f64);
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! TLS without a proxy (issue 15, part 7): `[tls]` makes the client listener speak TLS —
+//! `wss://` and `https://` end to end with a certificate the test makes, a renewed
+//! certificate picked up without a restart, a broken renewal ignored, and a pair that does
+//! not load refused at start.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_rustls::rustls::client::Resumption;
+use tokio_rustls::rustls::pki_types::CertificateDer;
+use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+
+use super::WAIT;
+use super::client::Client;
+use super::server::{Herald, exchange};
+
+/// A self-signed certificate for 127.0.0.1 and localhost, as PEM: (certificate, key).
+fn make_certificate() -> (String, String) {
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .expect("make a certificate");
+    (made.cert.pem(), made.signing_key.serialize_pem())
+}
+
+/// A client that trusts `certificate` (PEM) only.
+fn trusting(certificate: &str) -> Arc<ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    let der = CertificateDer::from_pem_slice(certificate.as_bytes()).expect("PEM certificate");
+    roots.add(der).expect("a root");
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    // Every connection verifies the certificate it is shown (a resumed session would not).
+    config.resumption = Resumption::disabled();
+    Arc::new(config)
+}
+
+/// Writes `contents` to `path` the way a renewal tool does: a new file renamed over it.
+fn replace(path: &Path, contents: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, contents).expect("write the new file");
+    std::fs::rename(&next, path).expect("rename it over the old");
+}
+
+struct Files {
+    _dir: tempfile::TempDir,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn files(certificate: &str, key: &str) -> Files {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (cert, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, certificate).expect("write the certificate");
+    std::fs::write(&key_path, key).expect("write the key");
+    Files { _dir: dir, cert, key: key_path }
+}
+
+async fn start(files: &Files, client: Arc<ClientConfig>) -> Herald {
+    Herald::with()
+        .set("TLS__CERT_FILE", files.cert.display())
+        .set("TLS__KEY_FILE", files.key.display())
+        .set("TLS__RELOAD_CHECK_MS", 100)
+        .tls(client)
+        .start()
+        .await
+}
+
+/// Whether a TLS client trusting `client` gets `/healthz` answered.
+async fn healthz(herald: &Herald, client: &Arc<ClientConfig>) -> Result<u16, String> {
+    exchange(herald.port, Some(client), "GET", "/healthz", None, None).await.map(|response| response.status)
+}
+
+#[tokio::test]
+async fn wss_and_https_work_end_to_end_and_plain_http_gets_no_answer() {
+    let (certificate, key) = make_certificate();
+    let files = files(&certificate, &key);
+    let client = trusting(&certificate);
+    let herald = start(&files, Arc::clone(&client)).await;
+    assert!(herald.ws_url().starts_with("wss://"));
+
+    let mut alice = Client::connect(&herald, "alice", "phone").await;
+    let mut bob = Client::connect(&herald, "bob", "phone").await;
+    let ack = alice.send_ok("dm:alice:bob", "over tls").await;
+    let message = bob.deliver_in("dm:alice:bob").await.message.expect("a message");
+    assert_eq!((message.id, message.body.as_ref()), (ack.message_id, b"over tls".as_ref()), "over wss");
+
+    let history = herald.get("/v1/conversations/dm:alice:bob/messages", Some("dev:bob")).await;
+    assert_eq!(history.status, 200, "the JSON API answers over https: {history:?}");
+    assert!(history.body.contains(&ack.message_id.to_string()), "{history:?}");
+
+    // A plain-text request to the TLS port is not served.
+    let plain = super::server::http(herald.port, "GET", "/healthz", None, None).await;
+    assert!(
+        plain.is_err() || plain.as_ref().is_ok_and(|r| r.status != 200),
+        "plain HTTP must not be served: {plain:?}"
+    );
+    // Nor is a client that does not trust the certificate.
+    let (other, _) = make_certificate();
+    let refused = healthz(&herald, &trusting(&other)).await;
+    assert!(refused.is_err(), "a client trusting another certificate must fail its handshake: {refused:?}");
+}
+
+#[tokio::test]
+async fn a_renewed_certificate_is_used_by_new_connections_without_a_restart() {
+    let (old_certificate, old_key) = make_certificate();
+    let files = files(&old_certificate, &old_key);
+    let old = trusting(&old_certificate);
+    let herald = start(&files, Arc::clone(&old)).await;
+    let mut alice = Client::connect(&herald, "alice", "phone").await;
+    assert_eq!(healthz(&herald, &old).await, Ok(200));
+
+    // A broken renewal (half a certificate) is ignored: the old one stays in use.
+    replace(&files.cert, &old_certificate[..old_certificate.len() / 2]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(healthz(&herald, &old).await, Ok(200), "the certificate in use is kept\n{}", herald.log_tail());
+    assert!(herald.log_tail().contains("does not load"), "the broken renewal is logged\n{}", herald.log_tail());
+
+    let (new_certificate, new_key) = make_certificate();
+    let new = trusting(&new_certificate);
+    replace(&files.key, &new_key);
+    replace(&files.cert, &new_certificate);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while healthz(&herald, &new).await != Ok(200) {
+        assert!(tokio::time::Instant::now() < deadline, "the new certificate was not used\n{}", herald.log_tail());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(healthz(&herald, &old).await.is_err(), "new connections get the new certificate only");
+
+    // The connection opened before the renewal goes on.
+    let ack = alice.send_ok("dm:alice:bob", "still here").await;
+    assert!(ack.message_id > 0);
+}
+
+#[test]
+fn a_certificate_or_key_that_does_not_load_refuses_to_start() {
+    let (certificate, key) = make_certificate();
+    let (other_certificate, _) = make_certificate();
+    let cases = [
+        (
+            "the key of another certificate",
+            other_certificate.as_str(),
+            key.as_str(),
+            "does not belong to the certificate",
+        ),
+        ("no certificate", "not a certificate", key.as_str(), "holds no certificate"),
+        ("no key", certificate.as_str(), "not a key", "no private key"),
+    ];
+    for (what, certificate, key, expected) in cases {
+        let files = files(certificate, key);
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+            .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(files.cert.parent().expect("dir"))
+            .env("HERALD_TLS__CERT_FILE", &files.cert)
+            .env("HERALD_TLS__KEY_FILE", &files.key)
+            .env_remove("HERALD_CONFIG")
+            .output()
+            .expect("run herald");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{what}: herald must not start:\n{stderr}");
+        assert!(stderr.contains(expected), "{what}: expected {expected:?} in:\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    }
+}
