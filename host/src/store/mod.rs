@@ -287,6 +287,14 @@ impl Database {
                     |detail: String| StoreError::Damaged { path: database_file.display().to_string(), detail };
                 let writer = SqlitePoolOptions::new()
                     .test_before_acquire(false)
+                    // A transaction that failed part-way (a full disk, say) may have been
+                    // rolled back by SQLite itself; the driver's ROLLBACK then fails and it
+                    // still counts the connection as inside a transaction, so the next one
+                    // would open a savepoint that never commits: acked, never stored. Such a
+                    // connection is closed when released, never reused.
+                    .after_release(|connection, _| {
+                        Box::pin(async move { Ok(!sqlx::Connection::is_in_transaction(connection)) })
+                    })
                     .max_connections(1)
                     .acquire_timeout(config.connect_timeout)
                     .connect_with(options.clone())

@@ -27,6 +27,7 @@ mod chat;
 mod cluster_faults;
 mod cluster_nodes;
 mod delivery;
+mod disk_full;
 mod durability;
 mod gateway;
 mod groups;
