@@ -98,7 +98,7 @@ impl Node {
         let database = open_storage(&config).await?;
         let committer = GroupCommitter::start(database.clone(), &config.storage.group_commit);
         let cluster = match config.cluster.enabled() {
-            true => Some(Arc::new(Cluster::join(&config).await?)),
+            true => Some(Arc::new(Cluster::join(&config, tls.clone()).await?)),
             false => None,
         };
         // Cluster mode keeps plugin KV and rate limits in Redis, so they hold on every node.

@@ -37,6 +37,7 @@ use crate::routing::rooms::{RoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::Topology;
 use crate::routing::{Route, RouteTable};
+use crate::tls::Tls;
 use herald_plugin_runtime::KvLimits;
 
 /// Most users whose routes are cached (a few hundred bytes each).
@@ -65,6 +66,8 @@ pub struct Cluster {
     keys: KeyPrefix,
     secret: PeerSecret,
     timeouts: PeerTimeouts,
+    /// Node-to-node links over TLS when set (`[tls]`).
+    tls: Option<Tls>,
     /// Bound at join, served once the services exist.
     listener: Mutex<Option<TcpListener>>,
     /// Where the listener is bound.
@@ -103,7 +106,7 @@ impl Cluster {
     /// # Errors
     /// [`NodeError::Config`] naming what failed: Redis unreachable, the peer address taken,
     /// a pinned node id held by a live node, an unusable secret or client URL.
-    pub async fn join(config: &Config) -> Result<Self, NodeError> {
+    pub async fn join(config: &Config, tls: Option<Tls>) -> Result<Self, NodeError> {
         let settings = &config.cluster;
         let refuse = |what: String| NodeError::Config(what);
         let url = settings.redis_url.as_deref().unwrap_or_default();
@@ -156,7 +159,8 @@ impl Cluster {
         let timeouts = PeerTimeouts::default();
         let bus = Arc::new(
             PeerBus::new(this_node, secret.clone(), Arc::clone(&membership) as _, timeouts)
-                .with_breakers(settings.breaker()),
+                .with_breakers(settings.breaker())
+                .with_tls(tls.clone()),
         );
         let cached_routes =
             Arc::new(CachedRoutes::new(Arc::clone(&routes) as _, settings.route_cache_ttl(), ROUTE_CACHE_USERS));
@@ -171,6 +175,7 @@ impl Cluster {
             keys,
             secret,
             timeouts,
+            tls,
             listener: Mutex::new(Some(listener)),
             peer_listen,
             client_urls,
@@ -214,7 +219,8 @@ impl Cluster {
     /// Serves node-to-node links with `handler` until `stop` turns true.
     pub(super) fn serve_peers(&self, handler: Arc<dyn PeerHandler>, stop: watch::Receiver<bool>) {
         let Some(listener) = self.listener.lock().unwrap_or_else(PoisonError::into_inner).take() else { return };
-        let server = PeerServer::new(self.this_node(), self.secret.clone(), handler, self.timeouts);
+        let server =
+            PeerServer::new(self.this_node(), self.secret.clone(), handler, self.timeouts).with_tls(self.tls.clone());
         tokio::spawn(server.serve(listener, stop));
     }
 

@@ -21,6 +21,7 @@ use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
 use crate::routing::Route;
 use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
 use crate::routing::cache::RouteChanges;
+use crate::tls::Tls;
 
 /// Cluster mode's [`NodeBus`]: one multiplexed link per peer, opened on first use.
 ///
@@ -41,6 +42,8 @@ pub struct PeerBus {
     breaker: BreakerConfig,
     /// Every peer called so far, with its link.
     peers: Mutex<HashMap<NodeId, Arc<Peer>>>,
+    /// Links are TLS when set (`[tls]`).
+    tls: Option<Tls>,
 }
 
 /// One peer as this node calls it.
@@ -77,7 +80,15 @@ impl PeerBus {
             timeouts,
             breaker: BreakerConfig::default(),
             peers: Mutex::new(HashMap::new()),
+            tls: None,
         }
+    }
+
+    /// This bus opening its links over TLS with `tls` (`None`: plain TCP).
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<Tls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// This bus with each peer's breaker set to `config` (default: [`BreakerConfig::default`]).
@@ -137,7 +148,7 @@ impl PeerBus {
         backoff.address = Some(address);
         backoff.retry_at = Some(now + self.reconnect_delay(backoff.failures));
         backoff.last_error = format!("opening a link to node {node} at {address} did not finish in time");
-        match Link::open(node, address, self.local, &self.secret, self.timeouts.connect).await {
+        match Link::open(node, address, self.local, &self.secret, self.tls.as_ref(), self.timeouts.connect).await {
             Ok(link) => {
                 let link = Arc::new(link);
                 peer.link.store(Some(Arc::clone(&link)));

@@ -16,12 +16,12 @@ use std::time::Duration;
 use herald_proto::peer::v1::{PeerFrame, Request, peer_frame::Body, request::Kind as WireKind, response::Outcome};
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 
 use super::frame::{self, AbortOnDrop, FrameError, MAX_FRAME_BYTES, Outgoing};
-use super::{PeerSecret, handshake};
+use super::{PeerSecret, ReadHalf, WriteHalf, handshake};
 use crate::model::NodeId;
+use crate::tls::Tls;
 
 /// Frames waiting for a link's writer. A caller finding it full waits, within its deadline:
 /// that is the link's backpressure.
@@ -46,7 +46,8 @@ pub(super) struct Link {
 }
 
 impl Link {
-    /// Connects to `node` at `address` and completes the handshake, within `limit`.
+    /// Connects to `node` at `address` (over TLS with `tls`) and completes the handshake,
+    /// within `limit`.
     ///
     /// # Errors
     /// Why the link could not be opened, phrased for the operator.
@@ -55,6 +56,7 @@ impl Link {
         address: SocketAddr,
         local: NodeId,
         secret: &PeerSecret,
+        tls: Option<&Tls>,
         limit: Duration,
     ) -> Result<Self, String> {
         let opening = async {
@@ -63,13 +65,22 @@ impl Link {
                 .map_err(|error| format!("cannot connect to node {node} at {address}: {error}"))?;
             // Requests are small and latency matters more than packet count.
             let _ = stream.set_nodelay(true);
+            let Some(tls) = tls else {
+                handshake::introduce(&mut stream, address, local, node, secret).await?;
+                let (read, write) = stream.into_split();
+                return Ok::<(ReadHalf, WriteHalf), String>((Box::new(read), Box::new(write)));
+            };
+            let mut stream = tls
+                .connector()
+                .connect(tls.peer_name(address), stream)
+                .await
+                .map_err(|error| format!("tls handshake with node {node} at {address} failed: {error}"))?;
             handshake::introduce(&mut stream, address, local, node, secret).await?;
-            Ok::<_, String>(stream)
+            Ok(super::split(stream))
         };
-        let stream = tokio::time::timeout(limit, opening)
+        let (read, write) = tokio::time::timeout(limit, opening)
             .await
             .map_err(|_| format!("node {node} at {address} did not complete a handshake within {limit:?}"))??;
-        let (read, write) = stream.into_split();
         let (outbound, queue) = mpsc::channel(OUTBOUND_QUEUE);
         let pending = Arc::new(Pending::default());
         let writer = tokio::spawn({
@@ -116,7 +127,7 @@ impl Link {
 }
 
 /// Reads responses until the link ends, then closes it.
-async fn read_responses(node: NodeId, mut reader: BufReader<OwnedReadHalf>, pending: Arc<Pending>) {
+async fn read_responses(node: NodeId, mut reader: BufReader<ReadHalf>, pending: Arc<Pending>) {
     let reason = loop {
         match frame::read(&mut reader, MAX_FRAME_BYTES).await {
             Ok(PeerFrame { body: Some(Body::Response(response)) }) => pending.answer(response.id, response.outcome),

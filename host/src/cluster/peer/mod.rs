@@ -74,6 +74,17 @@ use crate::pipeline::Settled;
 use crate::routing::Route;
 use crate::routing::bus::SendRequest;
 
+/// The read side of an open link: a TCP socket's, or a TLS session's (`[tls]`).
+type ReadHalf = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+/// The write side of an open link.
+type WriteHalf = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// Splits a link's stream into halves its reader and writer tasks own.
+fn split<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static>(stream: S) -> (ReadHalf, WriteHalf) {
+    let (read, write) = tokio::io::split(stream);
+    (Box::new(read), Box::new(write))
+}
+
 pub use client::PeerBus;
 pub use frame::{MAX_FRAME_BYTES, MAX_HANDSHAKE_FRAME_BYTES};
 pub use server::PeerServer;

@@ -21,9 +21,10 @@ use tokio::task::JoinSet;
 use super::frame::{self, AbortOnDrop, FrameError, MAX_FRAME_BYTES, Outgoing};
 use super::handshake::{self, Rejection};
 use super::wire::Call;
-use super::{PeerHandler, PeerSecret, PeerTimeouts};
+use super::{PeerHandler, PeerSecret, PeerTimeouts, ReadHalf, WriteHalf};
 use crate::model::NodeId;
 use crate::pipeline::FanOut;
+use crate::tls::Tls;
 
 /// Requests of one link being handled at once.
 const MAX_IN_FLIGHT: usize = 1024;
@@ -43,6 +44,8 @@ pub struct PeerServer {
     /// Does what the requests ask.
     handler: Arc<dyn PeerHandler>,
     timeouts: PeerTimeouts,
+    /// Links are TLS when set (`[tls]`).
+    tls: Option<Tls>,
 }
 
 impl PeerServer {
@@ -50,7 +53,14 @@ impl PeerServer {
     /// requests to `handler`. Uses [`PeerTimeouts::hello`] for the handshake and
     /// [`PeerTimeouts::forward_send`] as the longest wait to write a response.
     pub fn new(node: NodeId, secret: PeerSecret, handler: Arc<dyn PeerHandler>, timeouts: PeerTimeouts) -> Self {
-        Self { node, secret, handler, timeouts }
+        Self { node, secret, handler, timeouts, tls: None }
+    }
+
+    /// This server accepting TLS links only, with `tls` (`None`: plain TCP).
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<Tls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Accepts links on `listener` until `stop` turns true (or its sender is dropped), then
@@ -83,11 +93,25 @@ impl PeerServer {
     }
 
     /// Admits one link, then reads its requests until it ends.
-    async fn serve_link(self: Arc<Self>, mut stream: TcpStream, address: SocketAddr) {
+    async fn serve_link(self: Arc<Self>, stream: TcpStream, address: SocketAddr) {
         let _ = stream.set_nodelay(true);
-        let admitted = handshake::admit(&mut stream, self.node, &self.secret);
-        let caller = match tokio::time::timeout(self.timeouts.hello, admitted).await {
-            Ok(Ok(caller)) => caller,
+        let admitted = async {
+            let Some(tls) = &self.tls else {
+                let mut stream = stream;
+                let caller = handshake::admit(&mut stream, self.node, &self.secret).await?;
+                let (read, write) = stream.into_split();
+                return Ok::<(NodeId, ReadHalf, WriteHalf), Rejection>((caller, Box::new(read), Box::new(write)));
+            };
+            let mut stream = tls.acceptor().accept(stream).await.map_err(|error| {
+                metrics::counter!("herald_tls_handshake_failures_total").increment(1);
+                Rejection::Broken(format!("tls handshake failed: {error}"))
+            })?;
+            let caller = handshake::admit(&mut stream, self.node, &self.secret).await?;
+            let (read, write) = super::split(stream);
+            Ok((caller, read, write))
+        };
+        let (caller, read, write) = match tokio::time::timeout(self.timeouts.hello, admitted).await {
+            Ok(Ok(opened)) => opened,
             Ok(Err(Rejection::Refused { reason, claimed, message })) => {
                 metrics::counter!("herald_cluster_peer_refused_total", "reason" => reason.as_str_name()).increment(1);
                 let claimed = claimed.map(|node| node.0);
@@ -105,7 +129,6 @@ impl PeerServer {
             }
         };
         tracing::info!(peer = %address, node = %caller, "peer link open");
-        let (read, write) = stream.into_split();
         let (outbound, queue) = mpsc::channel(OUTBOUND_QUEUE);
         let _writer = AbortOnDrop(tokio::spawn(frame::write_queue(write, queue)).abort_handle());
         let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));

@@ -4,10 +4,12 @@
 //! Plus the history checker the fault tests share.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use herald_host::store::Backend;
 use herald_proto::v1;
+use tokio_rustls::rustls::ClientConfig;
 
 use super::WAIT;
 use super::client::Client;
@@ -26,6 +28,8 @@ pub struct Nodes {
     /// The shared Redis corner.
     pub redis: Scratch,
     extra: Vec<(String, String)>,
+    /// The nodes speak TLS (`[tls]` among `extra`): the harness connects with this.
+    tls: Option<Arc<ClientConfig>>,
     /// Nodes killed or stopped (SIGSTOP): not asked anything.
     down: BTreeSet<usize>,
 }
@@ -38,10 +42,20 @@ impl Nodes {
 
     /// As [`start`](Self::start), with extra `HERALD_*` settings (`("GATEWAY__HEARTBEAT_MS", "200")`).
     pub async fn start_with(count: usize, backend: Backend, extra: &[(&str, &str)]) -> Self {
+        Self::start_configured(count, backend, extra, None).await
+    }
+
+    /// As [`start_with`](Self::start_with), the harness connecting over TLS with `tls`.
+    pub async fn start_configured(
+        count: usize,
+        backend: Backend,
+        extra: &[(&str, &str)],
+        tls: Option<Arc<ClientConfig>>,
+    ) -> Self {
         let database = ScratchDatabase::create(backend, "herald_c").await.unwrap_or_else(|error| panic!("{error}"));
         let redis = Scratch::new().await;
         let extra = extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        let mut nodes = Self { nodes: Vec::new(), database: Some(database), redis, extra, down: BTreeSet::new() };
+        let mut nodes = Self { nodes: Vec::new(), database: Some(database), redis, extra, tls, down: BTreeSet::new() };
         for _ in 0..count {
             let node = nodes.options().start().await;
             nodes.nodes.push(node);
@@ -61,6 +75,9 @@ impl Nodes {
             .set("STORAGE__URL", &database.url);
         for (key, value) in &self.extra {
             options = options.set(key, value);
+        }
+        if let Some(tls) = &self.tls {
+            options = options.tls(Arc::clone(tls));
         }
         options
     }

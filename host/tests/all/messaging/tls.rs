@@ -1,7 +1,7 @@
 //! TLS without a proxy (issue 15, part 7): `[tls]` makes the client listener speak TLS —
 //! `wss://` and `https://` end to end with a certificate the test makes, a renewed
-//! certificate picked up without a restart, a broken renewal ignored, and a pair that does
-//! not load refused at start.
+//! certificate picked up without a restart, a broken renewal ignored, a pair that does not
+//! load refused at start; and node-to-node links over TLS in cluster mode.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,8 +12,11 @@ use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
+use herald_host::store::Backend;
+
 use super::WAIT;
 use super::client::Client;
+use super::nodes::Nodes;
 use super::server::{Herald, exchange};
 
 /// A self-signed certificate for 127.0.0.1 and localhost, as PEM: (certificate, key).
@@ -165,4 +168,28 @@ fn a_certificate_or_key_that_does_not_load_refuses_to_start() {
         assert!(stderr.contains(expected), "{what}: expected {expected:?} in:\n{stderr}");
         assert!(!stderr.contains("panicked"), "{what}: {stderr}");
     }
+}
+
+/// Cluster mode: two nodes sharing one certificate link over TLS (each trusts the other's
+/// certificate because it is its own: `tls.ca_file` defaults to `tls.cert_file`), and a
+/// message crosses from one to the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_link_over_tls_and_carry_a_message_across() {
+    let (certificate, key) = make_certificate();
+    let files = files(&certificate, &key);
+    let (cert, key) = (files.cert.display().to_string(), files.key.display().to_string());
+    let extra = [("TLS__CERT_FILE", cert.as_str()), ("TLS__KEY_FILE", key.as_str())];
+    let nodes = Nodes::start_configured(2, Backend::Postgres, &extra, Some(trusting(&certificate))).await;
+    let mut alice = Client::connect(&nodes.nodes[0], "alice", "phone").await;
+    let mut bob = Client::connect(&nodes.nodes[1], "bob", "phone").await;
+    // Whichever node owns the conversation, one of the two messages crosses a link each
+    // way (a forwarded send, or a delivery to a device on the other node).
+    let there = alice.send_ok("dm:alice:bob", "across").await;
+    bob.deliver_of(there.message_id).await;
+    let back = bob.send_ok("dm:alice:bob", "and back").await;
+    alice.deliver_of(back.message_id).await;
+    let logs = nodes.log_tails();
+    assert!(logs.contains("peer link open"), "the nodes linked\n{logs}");
+    assert!(!logs.contains("tls handshake"), "no TLS handshake failed\n{logs}");
+    nodes.stop().await;
 }
