@@ -67,7 +67,6 @@ impl Rooms {
 
     /// Subscribes `connection` to `room`; returns whether it is the room's first subscriber
     /// on this node.
-
     pub fn subscribe(&self, room: &ConversationId, connection: ConnectionId) -> bool {
         self.subscribe_at_most(room, connection, usize::MAX).unwrap_or(false)
     }
