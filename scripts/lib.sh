@@ -75,15 +75,15 @@ build_test_guests() {
     done
 }
 
-# Starts the release build of Herald in dev mode on 127.0.0.1:$1 with data dir $2 (further
-# arguments are VAR=value settings for it), waits until it answers, and sets $server.
-# The scripts' own HERALD_LOADTEST_* settings are not the server's: Herald refuses unknown
-# HERALD_* keys.
+# Starts the release build of Herald (or the binary the shell variable `herald_bin` names)
+# in dev mode on 127.0.0.1:$1 with data dir $2 (further arguments are VAR=value settings
+# for it), waits until it answers, and sets $server (its process id). The scripts' own
+# HERALD_LOADTEST_* settings are not the server's: Herald refuses unknown HERALD_* keys.
 start_herald() {
     local port=$1 data=$2
     shift 2
     RUST_LOG=warn env -u HERALD_LOADTEST_PLUGINS -u HERALD_LOADTEST_PORT "$@" \
-        target/release/herald serve --dev --listen "127.0.0.1:$port" --data-dir "$data" &
+        "${herald_bin:-target/release/herald}" serve --dev --listen "127.0.0.1:$port" --data-dir "$data" &
     server=$!
     for _ in $(seq 1 300); do
         curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0

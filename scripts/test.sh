@@ -47,6 +47,12 @@ say "workspace tests"
 [ "${1:-}" = "--" ] && shift
 cargo test --workspace --locked "$@"
 
+# The soak's short version (docs/OPERATIONS.md, "Soak test"), on the debug binaries the tests
+# just built: 2 minutes of mixed traffic with churn, storms and hot reloads; it fails when
+# connection state or idle state is not forgotten once the clients leave, or on gross growth.
+say "soak, short version (2 minutes)"
+PROFILE=debug scripts/soak.sh 2
+
 # Only the Redis-backed modules of herald-host's tests, on the cluster: every script and
 # multi-key step must stay in one slot (a CROSSSLOT error fails them). cluster_plugin_state::
 # and messaging::cluster_nodes:: / cluster_faults:: (multi-process clusters of herald nodes,

@@ -18,11 +18,12 @@ use clap::Parser;
 use futures_util::future::try_join_all;
 use hdrhistogram::Histogram;
 use herald_examples::connection::Connection;
+use herald_examples::http::{self, authority_of};
 use herald_examples::ids::{ClientMsgIds, dm_conversation, random_tag};
+use herald_examples::metrics::Scrape;
 use herald_examples::target::check_target;
 use herald_proto::Encoding;
 use herald_proto::v1::{self, Frame, frame::Body};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{Barrier, Semaphore, watch};
 use tokio::time::Instant;
 
@@ -257,14 +258,9 @@ async fn device(
 
 /// `herald_delivery_backfills_total` for the full and the resumed path, from `/metrics`.
 async fn backfills(ws_url: &str) -> Result<(u64, u64), Error> {
-    let authority = ws_url.trim_start_matches("ws://").split('/').next().ok_or("no host in --url")?;
-    let mut stream = tokio::net::TcpStream::connect(authority).await?;
-    stream.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {authority}\r\n\r\n").as_bytes()).await?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await?;
-    let count = |path: &str| {
-        let series = format!("herald_delivery_backfills_total{{path=\"{path}\"}} ");
-        text.lines().find_map(|line| line.strip_prefix(&series)?.trim().parse::<u64>().ok()).unwrap_or(0)
-    };
+    let authority = authority_of(ws_url).ok_or("no host in --url")?;
+    let answer = http::request(&authority, "GET", "/metrics", None, None, WAIT).await?;
+    let scrape = Scrape::parse(&answer.body);
+    let count = |path: &str| scrape.value("herald_delivery_backfills_total", &[("path", path)]).unwrap_or(0.0) as u64;
     Ok((count("full"), count("resumed")))
 }

@@ -29,7 +29,8 @@ pub(crate) struct Maps {
 }
 
 impl Maps {
-    /// Each map's name (the gauge's `map` label) and entries now.
+    /// Each map's name (the gauge's `map` label) and entries now. Runs the caches' pending
+    /// upkeep (expiry) first, so an idle node frees what expired.
     pub fn sizes(&self) -> [(&'static str, u64); 12] {
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         let sessions = self.delivery.sessions();
