@@ -11,6 +11,7 @@
 #   scripts/soak.sh [MINUTES] [herald-soak flags]   # default 30 minutes, release build
 #   PROFILE=debug scripts/soak.sh 2                 # the suite's short version: the debug binaries as built
 #   REPORT=DIR scripts/soak.sh                      # keep DIR/soak.csv and DIR/summary.txt
+#   SOAK_PORT=7096 scripts/soak.sh                  # another port for the server (default 7095)
 #
 # Runs under 5 minutes are the short version: a storm every 45 s, a reload every 20 s,
 # samples every 3 s, 40 % warm-up, loose trend tolerances and a 5 s reconnect grace, so that
@@ -66,7 +67,7 @@ server=
 trap 'stop_herald; rm -rf "$data"' EXIT
 build_plugins "$profile"
 install_plugins "$data/plugins" "$profile"
-port=7095
+port=${SOAK_PORT:-7095}
 start_herald "$port" "$data" \
     "HERALD_DELIVERY__DEDUP_TTL_MS=$ttl_ms" "HERALD_SEQ__EVICT_IDLE_MS=$ttl_ms" \
     "HERALD_GATEWAY__RECONNECT_GRACE_MS=$grace_ms"
