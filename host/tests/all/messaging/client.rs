@@ -415,6 +415,29 @@ impl Client {
         ack
     }
 
+    /// Resends `client_msg_id` (kind 1, `body`) until it is stored (`OK` or `DUPLICATE`),
+    /// waiting as each `RETRY` says; panics on any other answer, or on a `RETRY` past
+    /// `deadline`.
+    pub async fn resend_until_stored(
+        &mut self,
+        client_msg_id: &str,
+        conversation: &str,
+        body: &[u8],
+        deadline: Instant,
+    ) {
+        loop {
+            self.send_with(client_msg_id, conversation, 1, body).await;
+            let ack = self.ack_of(client_msg_id).await;
+            match ack.status() {
+                Status::Ok | Status::Duplicate => return,
+                Status::Retry if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms).clamp(20, 1_000))).await;
+                }
+                _ => panic!("{}", self.failure(&format!("the resend of {client_msg_id} must be stored: {ack:?}"))),
+            }
+        }
+    }
+
     /// Sends a message and asserts it was REJECTED with a reason; returns the reason.
     pub async fn send_rejected(&mut self, conversation: &str, body: impl AsRef<[u8]>) -> String {
         let ack = self.send(conversation, body).await;

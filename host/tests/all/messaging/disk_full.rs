@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use herald_proto::v1::send_ack::Status;
 use tokio::time::Instant;
@@ -163,17 +162,7 @@ async fn a_full_disk_answers_retry_never_ok_and_traffic_resumes_once_space_is_fr
         if acked_ok.contains(id) {
             continue;
         }
-        loop {
-            alice.send_with(id, &conversation, 1, &body(label)).await;
-            let ack = alice.ack_of(id).await;
-            match ack.status() {
-                Status::Ok | Status::Duplicate => break,
-                Status::Retry if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms).clamp(20, 500))).await;
-                }
-                _ => panic!("{}", alice.failure(&format!("once space is freed {id} must be stored: {ack:?}"))),
-            }
-        }
+        alice.resend_until_stored(id, &conversation, &body(label), deadline).await;
     }
 
     // Every message is stored exactly once; what was acked OK survives a kill -9 too.

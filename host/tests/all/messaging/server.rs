@@ -351,30 +351,28 @@ async fn talk(
     auth: Option<&str>,
     body: Option<String>,
 ) -> Result<Response, String> {
-    {
-        let payload = body.clone().unwrap_or_default();
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
-        if let Some(token) = auth {
-            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
-        }
-        if body.is_some() {
-            head.push_str("Content-Type: application/json\r\n");
-        }
-        if body.is_some() || matches!(method, "POST" | "PUT") {
-            head.push_str(&format!("Content-Length: {}\r\n", payload.len()));
-        }
-        head.push_str("\r\n");
-        head.push_str(&payload);
-        stream.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
-        let mut raw = Vec::new();
-        if let Err(error) = stream.read_to_end(&mut raw).await {
-            // A TLS peer that closes without close_notify: the response is whole all the same.
-            if error.kind() != std::io::ErrorKind::UnexpectedEof || raw.is_empty() {
-                return Err(error.to_string());
-            }
-        }
-        parse_response(&raw)
+    let payload = body.clone().unwrap_or_default();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    if let Some(token) = auth {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }
+    if body.is_some() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    if body.is_some() || matches!(method, "POST" | "PUT") {
+        head.push_str(&format!("Content-Length: {}\r\n", payload.len()));
+    }
+    head.push_str("\r\n");
+    head.push_str(&payload);
+    stream.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    if let Err(error) = stream.read_to_end(&mut raw).await {
+        // A TLS peer that closes without close_notify: the response is whole all the same.
+        if error.kind() != std::io::ErrorKind::UnexpectedEof || raw.is_empty() {
+            return Err(error.to_string());
+        }
+    }
+    parse_response(&raw)
 }
 
 fn parse_response(raw: &[u8]) -> Result<Response, String> {

@@ -109,17 +109,7 @@ async fn a_database_that_stops_answering_opens_the_store_breaker_and_traffic_res
         if acked_ok.contains(id) {
             continue;
         }
-        loop {
-            alice.send_with(id, &conversation, 1, body.as_bytes()).await;
-            let ack = alice.ack_of(id).await;
-            match ack.status() {
-                Status::Ok | Status::Duplicate => break,
-                Status::Retry if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms).max(50))).await;
-                }
-                _ => panic!("{}", alice.failure(&format!("the resend of {id} must be stored: {ack:?}"))),
-            }
-        }
+        alice.resend_until_stored(id, &conversation, body.as_bytes(), deadline).await;
         acked_ok.insert(id.clone());
     }
     let deadline = Instant::now() + WAIT;
