@@ -66,12 +66,11 @@ impl Tls {
         let (Some(cert_file), Some(key_file)) = (&config.cert_file, &config.key_file) else { return Ok(None) };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let certificates = Arc::new(Certificates::load(cert_file, key_file, &provider)?);
-        let server = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        let mut server = ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
             .map_err(|error| TlsError::Setup(error.to_string()))?
             .with_no_client_auth()
             .with_cert_resolver(Arc::clone(&certificates) as Arc<dyn ResolvesServerCert>);
-        let mut server = server;
         server.alpn_protocols = vec![b"http/1.1".to_vec()];
         let trusted = config.ca_file.as_deref().unwrap_or(cert_file);
         let client = ClientConfig::builder_with_provider(provider)
