@@ -27,6 +27,7 @@ use crate::gateway::auth::Authenticator;
 use crate::gateway::intake::Intake;
 use crate::gateway::redirect::Redirects;
 use crate::health::{Sampler, Tier, Vitals};
+use crate::ids::seq::SWEEPS_PER_IDLE;
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
 use crate::membership::{CachePolicy, Membership};
 use crate::model::NodeId;
@@ -218,9 +219,9 @@ impl Node {
             Arc::clone(&self.plugins.host),
             Duration::from_millis(self.config.delivery.degrade_interval_ms),
         ));
-        let evict_every = self.config.seq.evict_idle;
-        if !evict_every.is_zero() {
-            self.spawn_until_stopped(forget_idle(seqs, lanes, evict_every));
+        let idle = self.config.seq.evict_idle;
+        if !idle.is_zero() {
+            self.spawn_until_stopped(forget_idle(seqs, lanes, idle / u32::from(SWEEPS_PER_IDLE)));
         }
     }
 
@@ -460,7 +461,8 @@ async fn open_storage(config: &Config) -> Result<Database, NodeError> {
     Ok(database)
 }
 
-/// Forgets idle conversations' seq segments and lanes every `every`.
+/// Sweeps idle conversations' seq segments (each goes at its [`SWEEPS_PER_IDLE`]th idle
+/// sweep) and lanes left behind every `every`.
 async fn forget_idle(seqs: Arc<SeqAllocator>, lanes: Arc<Lanes>, every: Duration) {
     let mut ticks = tokio::time::interval(every);
     ticks.tick().await; // the first tick is immediate

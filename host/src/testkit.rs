@@ -56,11 +56,19 @@ pub struct Options {
     pub bus: Arc<dyn NodeBus>,
     /// The nodes on the ring; a ring without [`THIS_NODE`] makes another node own everything.
     pub ring: Vec<NodeId>,
+    /// Delivery's settings. By default one push per message and device: what a test sees is
+    /// what fan-out or backfill pushed, never a redelivery that a slow run let through.
+    pub delivery: DeliveryConfig,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { routes: Arc::new(MemoryRouteTable::default()), bus: Arc::new(LocalBus), ring: vec![THIS_NODE] }
+        Self {
+            routes: Arc::new(MemoryRouteTable::default()),
+            bus: Arc::new(LocalBus),
+            ring: vec![THIS_NODE],
+            delivery: DeliveryConfig { max_attempts: 1, ..DeliveryConfig::default() },
+        }
     }
 }
 
@@ -124,9 +132,7 @@ impl Kit {
             seqs: Arc::new(SeqAllocator::new(Arc::new(database.clone()), SeqConfig::default())),
         };
         let settings = Settings {
-            // One push per message and device: what a test sees is what fan-out or backfill
-            // pushed, never a redelivery that a slow run let through.
-            delivery: DeliveryConfig { max_attempts: 1, ..DeliveryConfig::default() },
+            delivery: options.delivery,
             known_direct_idle: Duration::ZERO,
             group_cache_ttl: None,
             max_group_members: 10_000,

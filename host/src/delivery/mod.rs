@@ -11,6 +11,7 @@
 pub mod backfill;
 pub mod cursors;
 pub mod pull;
+mod retries;
 pub mod rtt;
 pub mod session;
 pub mod sessions;
@@ -36,6 +37,7 @@ use crate::telemetry::Throttle;
 
 use cursors::CursorBuffer;
 use pull::SeqFrontier;
+use retries::{Pending, RetryTimers};
 use session::Session;
 use sessions::Sessions;
 
@@ -72,6 +74,8 @@ pub struct Delivery {
     backfill_permits: Semaphore,
     /// Push and redelivery counts, and the tier in force (set from the degrade hook).
     vitals: Arc<Vitals>,
+    /// Pushes waiting for their ack timeout.
+    retries: RetryTimers,
 }
 
 /// The wire form of a stored message.
@@ -107,7 +111,17 @@ impl Delivery {
         vitals: Arc<Vitals>,
     ) -> Self {
         let backfill_permits = Semaphore::new(config.backfill_concurrency);
-        Self { config, reach, membership, stores, frontier, cursors: CursorBuffer::default(), backfill_permits, vitals }
+        Self {
+            config,
+            reach,
+            membership,
+            stores,
+            frontier,
+            cursors: CursorBuffer::default(),
+            backfill_permits,
+            vitals,
+            retries: RetryTimers::start(),
+        }
     }
 
     /// This node.
@@ -341,25 +355,34 @@ impl Delivery {
         message: v1::Message,
         attempt: u32,
     ) {
-        let delivery = Arc::clone(self);
-        tokio::spawn(async move {
-            let config = &delivery.config;
-            let ack_timeout_ms = session.rtt.ack_timeout_ms(config.ack_timeout_ms, config.ack_timeout_max_ms);
-            tokio::time::sleep(backoff(config, ack_timeout_ms, attempt)).await;
-            let outcome = if session.acked_through(&conversation) >= message.seq {
-                "acked"
-            } else if session.is_closed() {
-                "closed"
-            } else if attempt >= config.max_attempts {
-                "given_up"
-            } else if !delivery.vitals.tier().retries() {
-                "shed"
-            } else {
-                delivery.push_tracked(&session, &conversation, message, attempt + 1);
-                return;
-            };
-            metrics::counter!("herald_delivery_settled_total", "outcome" => outcome).increment(1);
-        });
+        let config = &self.config;
+        let ack_timeout_ms = session.rtt.ack_timeout_ms(config.ack_timeout_ms, config.ack_timeout_max_ms);
+        let after = backoff(config, ack_timeout_ms, attempt);
+        self.retries.schedule(after, Pending { delivery: Arc::clone(self), session, conversation, message, attempt });
+    }
+
+    /// The wait of a push is over (called by the retry timers): pushes it again, or
+    /// settles it.
+    fn retry_due(self: Arc<Self>, due: Pending) {
+        let Pending { session, conversation, message, attempt, .. } = due;
+        let outcome = if session.acked_through(&conversation) >= message.seq {
+            "acked"
+        } else if session.is_closed() {
+            "closed"
+        } else if attempt >= self.config.max_attempts {
+            "given_up"
+        } else if !self.vitals.tier().retries() {
+            "shed"
+        } else {
+            self.push_tracked(&session, &conversation, message, attempt + 1);
+            return;
+        };
+        metrics::counter!("herald_delivery_settled_total", "outcome" => outcome).increment(1);
+    }
+
+    /// Pushes waiting for their ack timeout (each holds its message until then).
+    pub fn pending_retries(&self) -> usize {
+        self.retries.pending()
     }
 
     /// A cumulative ack from a device: stops retries up to `seq` and moves its cursor.
@@ -431,3 +454,5 @@ mod tests {
 mod backfill_tests;
 #[cfg(test)]
 mod fan_out_tests;
+#[cfg(test)]
+mod retry_tests;

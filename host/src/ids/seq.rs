@@ -52,6 +52,10 @@ pub struct Allocated {
     pub fence: Fence,
 }
 
+/// Sweeps of [`SeqAllocator::evict_idle`] per idle time: an idle conversation goes at the
+/// eighth sweep after its last seq.
+pub const SWEEPS_PER_IDLE: u8 = 8;
+
 /// Hands out seqs for every conversation this node owns.
 pub struct SeqAllocator {
     /// The database side of leases.
@@ -74,8 +78,9 @@ struct Conversation {
     /// It is also the entry's identity: a lease made for an entry that was evicted (and
     /// perhaps made again since) is dropped, not pushed into its successor.
     refill: Arc<tokio::sync::Mutex<()>>,
-    /// Taken from since the last [`SeqAllocator::evict_idle`].
-    touched: bool,
+    /// Sweeps ([`SeqAllocator::evict_idle`]) since a seq was last taken; forgotten at
+    /// [`SWEEPS_PER_IDLE`].
+    idle_sweeps: u8,
 }
 
 struct Segments {
@@ -128,12 +133,12 @@ impl Conversation {
                 prefetch_below: prefetch_below(config.min_step, config),
             },
             refill: Arc::new(tokio::sync::Mutex::new(())),
-            touched: true,
+            idle_sweeps: 0,
         }
     }
 
     fn take(&mut self, config: &SeqConfig) -> Take {
-        self.touched = true;
+        self.idle_sweeps = 0;
         let s = &mut self.segments;
         if s.next > s.last {
             match s.queued.pop_front() {
@@ -375,17 +380,20 @@ impl SeqAllocator {
         entry.is(refill).then(|| f(&mut entry))
     }
 
-    /// Forgets the conversations no seq was taken from since the last call, so a node's
-    /// memory follows the conversations in use rather than every one it ever served. The
-    /// rest of their segments is skipped (a gap); the next seq leases anew. Entries with a
-    /// lease under way are kept. Returns how many were forgotten.
+    /// One sweep: forgets the conversations no seq was taken from for [`SWEEPS_PER_IDLE`]
+    /// sweeps, so a node's memory follows the conversations in use rather than every one
+    /// it ever served. The rest of their segments is skipped (a gap); the next seq leases
+    /// anew. Entries with a lease under way are kept. Returns how many were forgotten.
+    ///
+    /// Swept every `seq.evict_idle / SWEEPS_PER_IDLE`, a conversation is forgotten after
+    /// between seven eighths of `seq.evict_idle` and all of it, and the number held stays
+    /// within an eighth of its level instead of a sawtooth of one idle time's conversations.
     pub fn evict_idle(&self) -> usize {
         let before = self.conversations.len();
         self.conversations.retain(|_, c| {
             let busy = c.segments.prefetching || c.refill.try_lock().is_err();
-            let keep = c.touched || busy;
-            c.touched = false;
-            keep
+            c.idle_sweeps = c.idle_sweeps.saturating_add(1);
+            busy || c.idle_sweeps < SWEEPS_PER_IDLE
         });
         before.saturating_sub(self.conversations.len())
     }
@@ -617,8 +625,11 @@ mod tests {
         next(&allocator, &busy).await.expect("lease");
         tokio::time::sleep(Duration::from_millis(5)).await; // prefetches finish
 
-        // The first sweep only clears the marks; `busy` is used again before the second.
-        assert_eq!(allocator.evict_idle(), 0);
+        // Both are kept for the sweeps of one idle time but the last; `busy` is used again
+        // before that one.
+        for _ in 1..SWEEPS_PER_IDLE {
+            assert_eq!(allocator.evict_idle(), 0);
+        }
         next(&allocator, &busy).await.expect("seq");
         assert_eq!(allocator.evict_idle(), 1, "only the idle conversation goes");
         assert_eq!(allocator.conversations(), 1);
@@ -643,8 +654,9 @@ mod tests {
             for _ in 0..7 {
                 seen.push(next(&allocator, &room).await.expect("seq"));
             }
-            allocator.evict_idle();
-            allocator.evict_idle();
+            for _ in 0..SWEEPS_PER_IDLE {
+                allocator.evict_idle();
+            }
             if round % 3 == 0 {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }

@@ -91,6 +91,7 @@ impl Pipeline {
             self.dedup.complete(sender, &message.client_msg_id, outcome.clone()).await;
         }
         self.release(&lane).await;
+        self.lanes.done_with(room, lane);
         let (status, outcome) = settled?;
         Ok(Announced::stored(&outcome, status == herald_proto::v1::send_ack::Status::Duplicate))
     }

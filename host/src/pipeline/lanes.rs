@@ -100,9 +100,19 @@ impl Lanes {
         self.lanes.get(conversation).and_then(|lane| lane.lowest_in_flight())
     }
 
-    /// Forgets the lanes nobody holds and nothing is in flight on, so memory follows the
-    /// conversations in use. Such a lane is indistinguishable from a new one: the next
-    /// message makes it again. Returns how many were forgotten.
+    /// A send or announcement is done with `lane`, the lane of `conversation`: forgets it
+    /// at once when nobody else holds it and nothing is in flight on it. Such a lane is
+    /// indistinguishable from a new one (the next message makes it again), so the lanes in
+    /// memory are those of the conversations with sends in flight.
+    pub fn done_with(&self, conversation: &ConversationId, lane: Arc<Lane>) {
+        drop(lane);
+        // The shard is locked while deciding: no one can take the lane meanwhile.
+        self.lanes.remove_if(conversation, |_, lane| Arc::strong_count(lane) == 1 && lane.slots().is_empty());
+    }
+
+    /// Forgets the lanes nobody holds and nothing is in flight on: those a send gave up
+    /// on before [`done_with`](Self::done_with) (a refused send, an abandoned wait).
+    /// Returns how many were forgotten.
     pub fn evict_idle(&self) -> usize {
         let before = self.lanes.len();
         // The shard is locked while deciding: no one can take the lane meanwhile.
@@ -179,6 +189,28 @@ mod tests {
         drop(holder);
         assert_eq!(lanes.evict_idle(), 2);
         assert!(lanes.is_empty());
+    }
+
+    #[test]
+    fn a_lane_is_forgotten_when_its_last_user_is_done_with_it() {
+        let lanes = Lanes::default();
+        let conversation = ConversationId::parse("dm:a:b").expect("valid");
+        let (first, second) = (lanes.get(&conversation), lanes.get(&conversation));
+        first.admitted(1);
+        second.admitted(2);
+        first.finished(1, stored(1));
+        second.finished(2, stored(2));
+        assert_eq!(first.releasable().len(), 2);
+
+        lanes.done_with(&conversation, first);
+        assert_eq!(lanes.len(), 1, "the second send still holds it");
+        lanes.done_with(&conversation, second);
+        assert!(lanes.is_empty(), "nobody holds it and nothing is in flight");
+
+        let busy = lanes.get(&conversation);
+        busy.admitted(3);
+        lanes.done_with(&conversation, busy);
+        assert_eq!(lanes.lowest_in_flight(&conversation), Some(3), "a lane with a seq in flight stays");
     }
 
     #[test]

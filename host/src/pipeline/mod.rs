@@ -431,6 +431,7 @@ impl Pipeline {
                     }
                 };
                 futures_util::future::join(complete, self.release(&lane)).await;
+                self.lanes.done_with(&message.conversation, lane);
             }
             .instrument(tracing::Span::current()),
         );

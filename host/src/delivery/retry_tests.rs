@@ -1,0 +1,70 @@
+//! The retry timers, seen through what a device is pushed: an unacked push comes again
+//! after its ack timeout, attempt after attempt, until the attempts are used up; an acked
+//! one never does; and nothing stays pending once each push is settled.
+
+use std::time::Duration;
+
+use herald_proto::v1::frame::Body;
+
+use crate::config::DeliveryConfig;
+use crate::testkit::{Kit, Options, RecordingOutbox, WAIT, conversation_id, message};
+
+/// Delivery with an ack timeout of `ack_timeout_ms` (no jitter, no growth) and three pushes.
+fn kit_options(ack_timeout_ms: u64) -> Options {
+    let delivery = DeliveryConfig {
+        ack_timeout_ms,
+        ack_timeout_max_ms: ack_timeout_ms,
+        backoff_max_ms: ack_timeout_ms,
+        jitter: 0.0,
+        max_attempts: 3,
+        ..DeliveryConfig::default()
+    };
+    Options { delivery, ..Options::default() }
+}
+
+/// The `attempt` of each `deliver` frame taken, in order.
+fn attempts(outbox: &RecordingOutbox) -> Vec<u32> {
+    outbox
+        .frames()
+        .into_iter()
+        .filter_map(|frame| match frame.body {
+            Some(Body::Deliver(deliver)) => Some(deliver.attempt),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits until `done` holds, polling; panics after [`WAIT`].
+async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_unacked_push_comes_again_until_its_attempts_are_used_up() {
+    let kit = Kit::with(kit_options(20)).await;
+    let (_, bob) = kit.connect("bob", "phone").await;
+
+    kit.delivery.fan_out(message("dm:alice:bob", 1, "alice", "phone")).await;
+
+    wait_until("three pushes, then none pending", || attempts(&bob).len() >= 3 && kit.delivery.pending_retries() == 0)
+        .await;
+    assert_eq!(attempts(&bob), [1, 2, 3], "the first push and two retries, numbered");
+    assert!(bob.delivered().iter().all(|message| message.seq == 1));
+}
+
+#[tokio::test]
+async fn an_acked_push_is_settled_without_another() {
+    let kit = Kit::with(kit_options(300)).await;
+    let (bob_session, bob) = kit.connect("bob", "phone").await;
+
+    kit.delivery.fan_out(message("dm:alice:bob", 1, "alice", "phone")).await;
+    wait_until("the push waits for its ack", || kit.delivery.pending_retries() == 1).await;
+    kit.delivery.ack(&bob_session, &conversation_id("dm:alice:bob"), 1).await;
+
+    wait_until("its timer is settled", || kit.delivery.pending_retries() == 0).await;
+    assert_eq!(attempts(&bob), [1], "acked before its timeout: pushed once");
+}
