@@ -71,8 +71,10 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("cannot create the data directory {path}: {source}")]
     DataDir { path: String, source: std::io::Error },
+    /// The driver's error, in the message and not as a source: `{error:#}` (anyhow's chain)
+    /// would print it twice, and its own source a third time.
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     #[error(
         "{path} is not a healthy SQLite database ({detail}); restore it from a backup, or move it aside \
          to start with an empty one (docs/OPERATIONS.md, \"Backup and restore\")"
@@ -100,6 +102,12 @@ pub enum StoreError {
     Sync(String),
     #[error("the database is not answering ({0}); retry")]
     Unavailable(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Database(error)
+    }
 }
 
 /// Who a `session_seq` row names as owner, for [`StoreError::Fenced`].
@@ -465,4 +473,18 @@ pub(crate) fn parse_each<T>(values: Vec<String>, column: &str, parse: impl Fn(&s
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreError;
+
+    #[test]
+    fn a_database_error_is_told_once_in_a_full_chain() {
+        let error = anyhow::Error::from(StoreError::from(sqlx::Error::PoolTimedOut));
+        let told = format!("{error:#}");
+        let driver = sqlx::Error::PoolTimedOut.to_string();
+        assert_eq!(told.matches(&driver).count(), 1, "{told}");
+        assert!(told.starts_with("database error: "), "{told}");
+    }
 }
