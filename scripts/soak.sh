@@ -53,12 +53,16 @@ if [ "$minutes" -lt 5 ]; then
     # still settling. Only gross growth fails; the drain check is the assertion.
     ttl_ms=${SOAK_TTL_MS:-5000}
     grace_ms=${SOAK_GRACE_MS:-5000}
+    # Retry waits of at most 13 s (10 s and its jitter), so the pushes still waiting when
+    # the clients leave settle within the drain check.
+    retry_env=(HERALD_DELIVERY__BACKOFF_MAX_MS=10000 HERALD_DELIVERY__ACK_TIMEOUT_MAX_MS=10000)
     short=(--sample-every 3s --warmup $((minutes * 24))s --storm-every 45s --storm-settle 10s
-        --reload-every 20s --lifetime 20s --room-period 20s --drain-timeout 30s
+        --reload-every 20s --lifetime 20s --max-user-age 30s --room-period 20s --drain-timeout 60s
         --rss-tolerance 20%+16 --fd-tolerance 10%+32 --task-tolerance 100%+256 --map-tolerance 100%+64)
 else
     ttl_ms=${SOAK_TTL_MS:-60000}
     grace_ms=${SOAK_GRACE_MS:-30000}
+    retry_env=()
     short=()
 fi
 
@@ -70,7 +74,7 @@ install_plugins "$data/plugins" "$profile"
 port=${SOAK_PORT:-7095}
 start_herald "$port" "$data" \
     "HERALD_DELIVERY__DEDUP_TTL_MS=$ttl_ms" "HERALD_SEQ__EVICT_IDLE_MS=$ttl_ms" \
-    "HERALD_GATEWAY__RECONNECT_GRACE_MS=$grace_ms"
+    "HERALD_GATEWAY__RECONNECT_GRACE_MS=$grace_ms" "${retry_env[@]}"
 say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; the soak's clients on the same box"
 say "soak: $minutes min against $herald_bin (pid $server), plugins: $(ls "$data/plugins" | grep -c '\.wasm$' || true); dedup TTL and idle eviction ${ttl_ms} ms, reconnect grace ${grace_ms} ms"
 report=()

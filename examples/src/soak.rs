@@ -99,6 +99,11 @@ pub struct SoakConfig {
     pub new_user_share: f64,
     /// Share of reconnects that come back as a new device of the same user.
     pub new_device_share: f64,
+    /// A user this old comes back as a new user at its next churn (zero: no limit). What
+    /// the server holds per user (conversations, group memberships, history a new device
+    /// is backfilled) grows with the user's age: bounding it keeps the load steady after
+    /// the warm-up, so that a trend is the server's and not the load's.
+    pub max_user_age: Duration,
     /// Mean time between two pulls (`sync`, `history`, room change) of one client.
     pub pull_every: Duration,
     /// Rooms of one generation.
@@ -237,11 +242,16 @@ pub async fn run(config: SoakConfig, log: Log) -> Result<Outcome, SoakError> {
         _ => None,
     };
     log(&format!(
-        "soak: {} clients, {} msgs/s, {:?}; churn ~{:?} per connection; storms every {:?}; {}; samples every {:?}, warm-up {:?}",
+        "soak: {} clients, {} msgs/s, {:?}; churn ~{:?} per connection, {}; storms every {:?}; {}; samples every {:?}, warm-up {:?}",
         config.users,
         config.rate,
         config.duration,
         config.lifetime,
+        if config.max_user_age.is_zero() {
+            "users never retired".to_owned()
+        } else {
+            format!("users retired at {:?} old", config.max_user_age)
+        },
         config.storm_every,
         match &reloader {
             Some(reloader) => format!("plugin {} reloaded every {:?}", reloader.plugin, config.reload_every),
@@ -262,6 +272,7 @@ pub async fn run(config: SoakConfig, log: Log) -> Result<Outcome, SoakError> {
         lifetime: config.lifetime,
         new_user_share: config.new_user_share,
         new_device_share: config.new_device_share,
+        max_user_age: config.max_user_age,
     });
     let permits = Arc::new(Semaphore::new(config.connect_concurrency.max(1)));
     let slots: Vec<_> = (0..config.users.max(2))
@@ -324,7 +335,13 @@ pub async fn run(config: SoakConfig, log: Log) -> Result<Outcome, SoakError> {
             }
         };
         metric_failures = 0;
-        let sample = Sample { at: now - started, storm: now < storm_until, clients: world.online(), values };
+        let sample = Sample {
+            at: now - started,
+            storm: now < storm_until,
+            clients: world.online(),
+            delivered: Counters::get(&world.counters.delivered),
+            values,
+        };
         let sent = Counters::get(&world.counters.sent);
         log(&progress_line(&sample, sent - last_sent, config.users));
         last_sent = sent;
@@ -692,7 +709,13 @@ mod tests {
     use super::*;
 
     fn sample(seconds: u64, storm: bool, rss: f64) -> Sample {
-        Sample { at: Duration::from_secs(seconds), storm, clients: 0, values: [(sample::RSS.to_owned(), rss)].into() }
+        Sample {
+            at: Duration::from_secs(seconds),
+            storm,
+            clients: 0,
+            delivered: 0,
+            values: [(sample::RSS.to_owned(), rss)].into(),
+        }
     }
 
     #[test]

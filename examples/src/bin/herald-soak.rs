@@ -33,7 +33,8 @@ struct Args {
     /// Time between two samples.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     sample_every: Duration,
-    /// Samples before this are left out of the trends (default: the first 20 % of the run).
+    /// Samples before this are left out of the trends (default: the first 20 % of the run,
+    /// and at least twice --max-user-age, by when the load is steady).
     #[arg(long, value_parser = parse_duration)]
     warmup: Option<Duration>,
     /// Client slots; each holds one connection at a time.
@@ -51,6 +52,11 @@ struct Args {
     /// Share of reconnects that come back as a new device of the same user.
     #[arg(long, default_value_t = 0.1)]
     new_device_share: f64,
+    /// A user this old comes back as a new user at its next churn; 0 for no limit. The
+    /// server's state per user grows with its age (conversations, groups, the history a
+    /// new device is backfilled): the limit keeps the load steady once the warm-up is over.
+    #[arg(long, default_value = "4m", value_parser = parse_duration)]
+    max_user_age: Duration,
     /// Mean time between two pulls (sync, history, room change) of one client.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pull_every: Duration,
@@ -104,13 +110,13 @@ struct Args {
     #[arg(long, default_value = "10%+32")]
     map_tolerance: Tolerance,
     /// Maps (herald_map_entries labels) that must come back to their value before the soak
-    /// once every client has left: connection-bound ones, and those forgotten after an idle
-    /// time.
+    /// once every client has left: connection-bound ones, those forgotten after an idle
+    /// time, and the pushes waiting for an ack (each settles at the end of its wait).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "connections,sessions,parked_sessions,routes,rooms,room_subscriptions,\
-                         dedup_marks,seq_conversations,lanes,known_direct,group_lists"
+                         dedup_marks,seq_conversations,lanes,known_direct,group_lists,retry_timers"
     )]
     drain_maps: Vec<String>,
     /// How far above their value before the soak live tasks and open fds may stay.
@@ -146,12 +152,13 @@ async fn main() -> ExitCode {
         pid: args.pid,
         duration: args.duration,
         sample_every: args.sample_every,
-        warmup: args.warmup.unwrap_or(args.duration / 5),
+        warmup: args.warmup.unwrap_or((args.duration / 5).max(args.max_user_age * 2)),
         users: args.users,
         rate: args.rate,
         lifetime: args.lifetime,
         new_user_share: args.new_user_share,
         new_device_share: args.new_device_share,
+        max_user_age: args.max_user_age,
         pull_every: args.pull_every,
         rooms: args.rooms,
         room_period: args.room_period,

@@ -49,6 +49,8 @@ pub(super) struct Behaviour {
     pub new_user_share: f64,
     /// Share of reconnects that come back as a new device of the same user.
     pub new_device_share: f64,
+    /// A user this old comes back as a new user at its next churn (zero: no limit).
+    pub max_user_age: Duration,
 }
 
 /// What the soak tells its slots.
@@ -125,7 +127,8 @@ pub(super) async fn run_slot(
                     drop(connection);
                 }
                 let draw: f64 = rand::random();
-                if draw < behaviour.new_user_share {
+                let too_old = !behaviour.max_user_age.is_zero() && world.user_age(slot) >= behaviour.max_user_age;
+                if too_old || draw < behaviour.new_user_share {
                     world.new_user(slot);
                 } else if draw < behaviour.new_user_share + behaviour.new_device_share {
                     world.new_device(slot);

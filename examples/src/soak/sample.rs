@@ -30,6 +30,9 @@ pub struct Sample {
     pub storm: bool,
     /// Clients connected at the time, as the soak counts them.
     pub clients: usize,
+    /// Messages pushed to the soak's clients so far (the load behind the series: the
+    /// server holds a retry timer per recent push, counted in its live tasks).
+    pub delivered: u64,
     /// Every series read, by name.
     pub values: BTreeMap<String, f64>,
 }
@@ -130,17 +133,24 @@ pub fn series_names(samples: &[Sample]) -> Vec<String> {
     names
 }
 
-/// The samples as CSV: `elapsed_s,storm,clients`, then one column per series (empty where a
+/// The samples as CSV: `elapsed_s,storm,clients,delivered`, then one column per series (empty where a
 /// sample lacks it).
 pub fn to_csv(samples: &[Sample]) -> String {
     let names = series_names(samples);
-    let mut csv = String::from("elapsed_s,storm,clients");
+    let mut csv = String::from("elapsed_s,storm,clients,delivered");
     for name in &names {
         let _ = write!(csv, ",{name}");
     }
     csv.push('\n');
     for sample in samples {
-        let _ = write!(csv, "{:.1},{},{}", sample.at.as_secs_f64(), u8::from(sample.storm), sample.clients);
+        let _ = write!(
+            csv,
+            "{:.1},{},{},{}",
+            sample.at.as_secs_f64(),
+            u8::from(sample.storm),
+            sample.clients,
+            sample.delivered
+        );
         for name in &names {
             match sample.values.get(name) {
                 Some(value) => {
@@ -195,17 +205,19 @@ mod tests {
             at: Duration::from_secs(10),
             storm: false,
             clients: 3,
+            delivered: 700,
             values: [(RSS.to_owned(), 101.25), ("map_routes".to_owned(), 3.0)].into(),
         };
         let second = Sample {
             at: Duration::from_secs(20),
             storm: true,
             clients: 0,
+            delivered: 900,
             values: [(RSS.to_owned(), 102.0), (FDS.to_owned(), 40.0)].into(),
         };
         assert_eq!(
             to_csv(&[first, second]),
-            "elapsed_s,storm,clients,rss_mib,fds,map_routes\n10.0,0,3,101.25,,3\n20.0,1,0,102,40,\n"
+            "elapsed_s,storm,clients,delivered,rss_mib,fds,map_routes\n10.0,0,3,700,101.25,,3\n20.0,1,0,900,102,40,\n"
         );
     }
 

@@ -13,7 +13,7 @@ use std::{
         Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use crate::ids::random_tag;
@@ -37,6 +37,15 @@ pub(super) struct Identity {
     pub user: String,
     /// The device id.
     pub device: String,
+}
+
+/// One client slot.
+#[derive(Debug)]
+struct Slot {
+    identity: Identity,
+    online: bool,
+    /// When the slot's user was made.
+    born: Instant,
 }
 
 /// The traffic counters, shared by every task.
@@ -99,8 +108,8 @@ impl Counters {
 pub(super) struct World {
     /// Prefix of every name of this run, so runs against one server do not mix.
     pub prefix: String,
-    /// Per slot: its current identity and whether it is connected.
-    slots: Mutex<Vec<(Identity, bool)>>,
+    /// Per slot: its current identity, whether it is connected, and when its user was new.
+    slots: Mutex<Vec<Slot>>,
     /// The last groups created, newest last.
     groups: Mutex<VecDeque<Group>>,
     /// Next number for a new user, device or group name.
@@ -117,11 +126,17 @@ impl World {
     /// A world of `slots` clients, user `i` in slot `i`, each with device `d0`.
     pub fn new(slots: usize, rooms: usize, room_period: Duration) -> Self {
         let prefix = format!("soak{}", random_tag(6));
-        let identities = (0..slots).map(|i| (Identity { user: format!("{prefix}-u{i}"), device: "d0".into() }, false));
+        let now = Instant::now();
+        let count = slots;
+        let slots = (0..count).map(|i| Slot {
+            identity: Identity { user: format!("{prefix}-u{i}"), device: "d0".into() },
+            online: false,
+            born: now,
+        });
         Self {
-            slots: Mutex::new(identities.collect()),
+            slots: Mutex::new(slots.collect()),
             groups: Mutex::new(VecDeque::new()),
-            next_name: AtomicU64::new(slots as u64),
+            next_name: AtomicU64::new(count as u64),
             room_period,
             rooms: rooms.max(1),
             counters: Counters::default(),
@@ -129,7 +144,7 @@ impl World {
         }
     }
 
-    fn slots(&self) -> MutexGuard<'_, Vec<(Identity, bool)>> {
+    fn slots(&self) -> MutexGuard<'_, Vec<Slot>> {
         self.slots.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -143,30 +158,36 @@ impl World {
 
     /// The identity slot `slot` has now.
     pub fn identity(&self, slot: usize) -> Identity {
-        self.slots()[slot].0.clone()
+        self.slots()[slot].identity.clone()
+    }
+
+    /// How long ago slot `slot`'s user was made.
+    pub fn user_age(&self, slot: usize) -> Duration {
+        self.slots()[slot].born.elapsed()
     }
 
     /// Marks slot `slot` connected or not.
     pub fn set_online(&self, slot: usize, online: bool) {
-        self.slots()[slot].1 = online;
+        self.slots()[slot].online = online;
     }
 
     /// How many slots are connected.
     pub fn online(&self) -> usize {
-        self.slots().iter().filter(|(_, online)| *online).count()
+        self.slots().iter().filter(|slot| slot.online).count()
     }
 
     /// Gives slot `slot` a brand-new user (with device `d0`).
     pub fn new_user(&self, slot: usize) {
         let user = format!("{}-u{}", self.prefix, self.next_number());
-        self.slots()[slot].0 = Identity { user, device: "d0".into() };
+        self.slots()[slot] =
+            Slot { identity: Identity { user, device: "d0".into() }, online: false, born: Instant::now() };
         Counters::bump(&self.counters.new_users);
     }
 
     /// Gives slot `slot` a new device of the user it has.
     pub fn new_device(&self, slot: usize) {
         let device = format!("d{}", self.next_number());
-        self.slots()[slot].0.device = device;
+        self.slots()[slot].identity.device = device;
         Counters::bump(&self.counters.new_devices);
     }
 
@@ -176,7 +197,7 @@ impl World {
         let slots = self.slots();
         let at = rand::random_range(0..slots.len());
         // The slot after a slot of `me` is another user's unless `me` holds every slot.
-        (0..slots.len()).map(|step| &slots[(at + step) % slots.len()].0.user).find(|user| *user != me).cloned()
+        (0..slots.len()).map(|step| &slots[(at + step) % slots.len()].identity.user).find(|user| *user != me).cloned()
     }
 
     /// `count` distinct current users, for a new group's members.
@@ -187,7 +208,7 @@ impl World {
             if users.len() == count {
                 break;
             }
-            let user = &slots[rand::random_range(0..slots.len())].0.user;
+            let user = &slots[rand::random_range(0..slots.len())].identity.user;
             if !users.contains(user) {
                 users.push(user.clone());
             }
