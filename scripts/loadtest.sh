@@ -10,7 +10,25 @@
 #   scripts/loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
 #   HERALD_LOADTEST_PLUGINS=1 scripts/loadtest.sh     # the same with all four first-party plugins loaded
 #   REPORT=DIR scripts/loadtest.sh                    # also charts and a page per phase: DIR/<phase>/index.html
+#
+# Room fan-out (issue 16), the same fresh Herald, each run compared with herald-relay's
+# broadcast (no persistence): publishers send as fast as their in-flight limit allows (a
+# message is in flight until every subscriber of its room has it), and herald-loadgen
+# reports deliveries/s over all subscribers, the latency of every delivery and the
+# deliveries missing:
+#   1. 10,000 subscribers in one room,
+#   2. 10 rooms of 1,000 subscribers.
+# 10,000 connections need more file descriptors than the usual 1,024 (in herald-loadgen
+# and in Herald, each): the script raises the soft limit to the hard one (ulimit -n) and
+# says what it set.
+#
+#   scripts/loadtest.sh rooms [extra herald-loadgen flags, e.g. --publish-rate 50]
 set -euo pipefail
+mode=pairs
+if [ "${1:-}" = rooms ]; then
+    mode=rooms
+    shift
+fi
 # A relative REPORT is relative to where the script was started, not to the repository.
 [ -z "${REPORT:-}" ] || REPORT=$(realpath -m -- "$REPORT")
 cd "$(dirname "$0")/.."
@@ -27,8 +45,42 @@ if [ "${HERALD_LOADTEST_PLUGINS:-0}" = 1 ]; then
 fi
 port=${HERALD_LOADTEST_PORT:-7099}
 trap 'stop_herald; rm -rf "$data"' EXIT
+if [ "$mode" = rooms ]; then
+    # Before Herald starts, so that it inherits the limit too. The limit is per process:
+    # herald-loadgen and Herald (and the relay) each hold one descriptor per connection.
+    need=10100
+    hard=$(ulimit -Hn)
+    # "unlimited" cannot be set as such for descriptors: ask for plenty instead.
+    [ "$hard" != unlimited ] || hard=65536
+    if [ "$hard" -lt "$need" ]; then
+        say "warning: the hard file-descriptor limit is $hard; 10,000 connections need about $need per process (herald-loadgen and Herald each hold one per connection)"
+    fi
+    ulimit -n "$hard"
+    say "file-descriptor limit (ulimit -n) set to $(ulimit -n) (hard limit $hard)"
+fi
 start_herald "$port" "$data"
 say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; load generator on the same box"
+if [ "$mode" = rooms ]; then
+    # The last line herald-loadgen prints is JSON: {"herald": …, "relay": …, "ratio": …}.
+    summary() {
+        tail -n 1 | jq -r --arg name "$1" '"\($name): Herald \(.herald.delivered_per_s) deliveries/s (\(.herald.sent_per_s) msg/s published, p99 \(.herald.latency.p99_us / 10 | round / 100) ms, missing \(.herald.rooms.missing_deliveries)), relay \(.relay.delivered_per_s) deliveries/s (missing \(.relay.rooms.missing_deliveries)); Herald/relay x\(.ratio.delivered_per_s)"'
+    }
+    results=$(mktemp -d)
+    trap 'stop_herald; rm -rf "$data" "$results"' EXIT
+    say "1) 10,000 subscribers in one room, Herald vs the relay's broadcast"
+    report_flags rooms-1x10000
+    target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --rooms 1 --subscribers 10000 --duration 10s \
+        --compare-relay --quiet --connect-concurrency 128 "${report[@]}" "$@" | tee "$results/1"
+    say "2) 10 rooms of 1,000 subscribers, Herald vs the relay's broadcast"
+    report_flags rooms-10x1000
+    target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --rooms 10 --subscribers 10000 --duration 10s \
+        --compare-relay --quiet --connect-concurrency 128 "${report[@]}" "$@" | tee "$results/2"
+    say "room fan-out, $(nproc) cores:"
+    summary "1 room x 10,000" <"$results/1" >&2
+    summary "10 rooms x 1,000" <"$results/2" >&2
+    [ -z "${REPORT:-}" ] || say "reports: $REPORT/{rooms-1x10000,rooms-10x1000}/index.html"
+    exit 0
+fi
 say "1) 1,000 users at a steady 5,000 msgs/s"
 report_flags 1-steady-5000
 target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --compare-relay --quiet "${report[@]}" "$@"

@@ -18,6 +18,10 @@
 //! *scheduled* send time, so a backlog in the client or server shows up as latency instead
 //! of silently lowering the rate (no coordinated omission). Asked for, the run also keeps
 //! per-second series ([`timeline`]), from which [`report_dir`] draws charts.
+//!
+//! With [`LoadConfig::rooms`] set, the run measures room fan-out instead ([`room`]):
+//! subscribers spread over `room:` conversations, publishers sending into them, the same
+//! phases, counters, histograms and [`Report`].
 
 mod charts;
 pub mod pairing;
@@ -25,6 +29,7 @@ mod payload;
 mod progress;
 pub mod relay_process;
 pub mod report_dir;
+pub mod room;
 pub mod stats;
 pub mod timeline;
 mod user;
@@ -45,6 +50,7 @@ use tokio::{
 
 pub use pairing::{Pairing, PairingError, endpoint_of};
 pub use payload::{MIN_BODY_BYTES, Payload, SeenCounters};
+pub use room::{RoomFigures, RoomLoad};
 pub use stats::{LatencySummary, Report, Verification};
 pub use timeline::{Second, Timeline};
 
@@ -78,8 +84,11 @@ pub struct LoadConfig {
     /// nodes of a cluster, user `i` connecting to URL `i mod N`. The caller checks they
     /// are loopback (see [`crate::target`]).
     pub urls: Vec<String>,
-    /// Simulated users; even, since they pair up.
+    /// Simulated users; even, since they pair up. Not used in room mode.
     pub users: usize,
+    /// Room fan-out mode instead of pairs: subscribers spread over rooms and publishers
+    /// sending into them ([`room`]); `rate` and `in_flight` then apply to the publishers.
+    pub rooms: Option<RoomLoad>,
     /// With several URLs, the least share (0..=1) of pairs whose two users connect to
     /// different URLs; `None` pairs user `2k` with `2k + 1` (all pairs cross when there
     /// are several URLs). See [`Pairing::with_cross_share`].
@@ -125,6 +134,7 @@ impl Default for LoadConfig {
             label: "herald".to_owned(),
             urls: vec!["ws://127.0.0.1:7070/v1/ws".to_owned()],
             users: 1000,
+            rooms: None,
             cross_node_share: None,
             rate: 0,
             duration: Duration::from_secs(10),
@@ -167,9 +177,6 @@ impl LoadConfig {
         if self.urls.is_empty() {
             return fail("--url needs at least one WebSocket URL".to_owned());
         }
-        if self.users < 2 || !self.users.is_multiple_of(2) {
-            return fail(format!("--users must be an even number of at least 2 (they pair up), not {}", self.users));
-        }
         if self.duration.is_zero() {
             return fail("--duration must be more than 0".to_owned());
         }
@@ -178,6 +185,18 @@ impl LoadConfig {
         }
         if self.body_bytes < MIN_BODY_BYTES {
             return fail(format!("--body-bytes must be at least {MIN_BODY_BYTES} (the timestamp and counter)"));
+        }
+        if let Some(rooms) = &self.rooms {
+            if self.cross_node_share.is_some() {
+                return fail("--cross-node-share is for pairs, not rooms".to_owned());
+            }
+            if !is_valid_name(&self.device) {
+                return fail(format!("device `{}` must be 1-128 characters of A-Z a-z 0-9 . _ @ -", self.device));
+            }
+            return room::validate(self, rooms);
+        }
+        if self.users < 2 || !self.users.is_multiple_of(2) {
+            return fail(format!("--users must be an even number of at least 2 (they pair up), not {}", self.users));
         }
         let last_user = user_id(&self.user_prefix, self.users - 1);
         if !is_valid_name(&last_user) || !is_valid_name(&self.device) {
@@ -317,7 +336,8 @@ impl Shared {
     }
 }
 
-/// Runs one load test and reports what it measured.
+/// Runs one load test and reports what it measured: pairs, or rooms when
+/// [`LoadConfig::rooms`] is set.
 ///
 /// # Errors
 ///
@@ -326,6 +346,9 @@ impl Shared {
 /// are counted in the report, not returned as errors.
 pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
     config.validate()?;
+    if let Some(rooms) = config.rooms {
+        return room::run(config, rooms).await;
+    }
     let pairing = config.pairing()?;
     let users = config.users;
     let shards = users.clamp(1, 64);
@@ -488,6 +511,7 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         verification,
         first_error: shared.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         timeline: shared.timeline.as_ref().map(TimelineRecorder::timeline),
+        rooms: None,
     })
 }
 

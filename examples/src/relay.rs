@@ -6,6 +6,11 @@
 //! It exists as the baseline of the load generator: the same clients against the relay and
 //! against Herald show what persistence, ordering and redelivery cost.
 //!
+//! Rooms are its broadcast baseline, for the load generator's room mode: `subscribe` to a
+//! `room:` conversation, and a `send` to it (from a connection subscribed to it, as
+//! PROTOCOL.md requires) goes to every other subscriber, one `deliver` each, encoded once
+//! per encoding however many subscribers there are.
+//!
 //! Invariants: each connection has one writer task behind a bounded queue (a full queue
 //! closes that connection with 4008, as PROTOCOL.md says, instead of growing memory or
 //! stalling senders); the shared tables are only locked for map look-ups and non-blocking
@@ -15,7 +20,7 @@ use std::{
     collections::{HashMap, HashSet},
     net::SocketAddr,
     sync::{
-        Arc, RwLock,
+        Arc, OnceLock, RwLock,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -166,8 +171,37 @@ impl RelayHandle {
 enum Outbound {
     /// Write a frame.
     Frame(Frame),
+    /// Write a frame that many connections get.
+    Broadcast(Arc<Broadcast>),
     /// Close the WebSocket with this code and reason, then stop.
     Close(u16, &'static str),
+}
+
+/// A frame pushed to many connections (a room message): encoded at most once per
+/// encoding, by the first writer that needs it, however many subscribers get it.
+#[derive(Debug)]
+struct Broadcast {
+    /// The frame.
+    frame: Frame,
+    /// Its protobuf message, once encoded (`None` if it could not be).
+    proto: OnceLock<Option<Message>>,
+    /// Its JSON message, once encoded.
+    json: OnceLock<Option<Message>>,
+}
+
+impl Broadcast {
+    fn new(frame: Frame) -> Arc<Self> {
+        Arc::new(Self { frame, proto: OnceLock::new(), json: OnceLock::new() })
+    }
+
+    /// The WebSocket message for a connection using `encoding`.
+    fn message(&self, encoding: Encoding) -> Option<Message> {
+        let cell = match encoding {
+            Encoding::Proto => &self.proto,
+            Encoding::Json => &self.json,
+        };
+        cell.get_or_init(|| frame_to_message(&self.frame, encoding).ok()).clone()
+    }
 }
 
 /// One open connection as seen by others: how to push it frames.
@@ -186,7 +220,16 @@ struct Peer {
 impl Peer {
     /// Queues a frame without waiting; a full queue marks the peer as a slow consumer.
     fn push(&self, frame: Frame) {
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.queue.try_send(Outbound::Frame(frame)) {
+        self.push_outbound(Outbound::Frame(frame));
+    }
+
+    /// Queues a frame shared with other connections, as [`Peer::push`].
+    fn push_broadcast(&self, broadcast: &Arc<Broadcast>) {
+        self.push_outbound(Outbound::Broadcast(Arc::clone(broadcast)));
+    }
+
+    fn push_outbound(&self, outbound: Outbound) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.queue.try_send(outbound) {
             self.overflow.notify_one();
         }
     }
@@ -274,12 +317,14 @@ impl Hub {
         }
     }
 
-    /// Pushes `frame` to every subscriber of `room` except `skip`.
-    fn push_to_room(&self, room: &str, skip: u64, frame: &Frame) {
+    /// Pushes `frame` to every subscriber of `room` except `skip`: one `deliver` each,
+    /// encoded once.
+    fn push_to_room(&self, room: &str, skip: u64, frame: Frame) {
+        let broadcast = Broadcast::new(frame);
         let rooms = self.rooms.read().unwrap_or_else(|poison| poison.into_inner());
         for peer in rooms.get(room).into_iter().flatten() {
             if peer.connection != skip {
-                peer.push(frame.clone());
+                peer.push_broadcast(&broadcast);
             }
         }
     }
@@ -542,7 +587,7 @@ fn relay_send(hub: &Hub, session: &Session, send: v1::Send) -> v1::SendAck {
     );
     let connection = session.peer.connection;
     if recipients.is_empty() {
-        hub.push_to_room(&conversation, connection, &deliver);
+        hub.push_to_room(&conversation, connection, deliver);
     } else {
         hub.push_to_users(&recipients, connection, &deliver);
     }
@@ -596,6 +641,14 @@ async fn write_loop(
                 }
                 Outbound::Frame(frame) => {
                     if let Ok(message) = frame_to_message(&frame, encoding) {
+                        if sink.feed(message).await.is_err() {
+                            return;
+                        }
+                        fed += 1;
+                    }
+                }
+                Outbound::Broadcast(broadcast) => {
+                    if let Some(message) = broadcast.message(encoding) {
                         if sink.feed(message).await.is_err() {
                             return;
                         }

@@ -3,7 +3,9 @@
 //! load against `herald-relay` and prints the ratio. Given several URLs (a cluster's
 //! nodes), it spreads users over them round-robin and reports same-endpoint and
 //! cross-endpoint pairs apart; with `--report DIR`, also writes charts and a page to look
-//! at. See `herald_examples::loadgen`.
+//! at. With `--rooms R` it measures room fan-out instead: `--subscribers N` spread over R
+//! rooms, publishers sending into them, deliveries per second over all subscribers and the
+//! deliveries missing. See `herald_examples::loadgen`.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, reason = "a command-line program reports on stdout")]
@@ -20,7 +22,7 @@ use herald_examples::{
     duration::parse_duration,
     ids::random_tag,
     loadgen::{
-        self, LoadConfig, Report, TokenMode,
+        self, LoadConfig, Report, RoomLoad, TokenMode,
         relay_process::RelayProcess,
         report_dir::{self, Comparison},
     },
@@ -29,7 +31,8 @@ use herald_examples::{
 use herald_proto::Encoding;
 use serde_json::json;
 
-/// Load generator for Herald: N users in pairs over the real WebSocket path.
+/// Load generator for Herald: N users in pairs over the real WebSocket path, or (--rooms)
+/// subscribers in rooms and publishers sending into them.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
@@ -45,9 +48,23 @@ struct Args {
     /// round-robin every pair crosses.
     #[arg(long, value_parser = parse_share)]
     cross_node_share: Option<f64>,
-    /// Total messages per second across all users; 0 = as fast as possible with at most
-    /// --in-flight undelivered messages per user.
-    #[arg(long, default_value_t = 0)]
+    /// Room fan-out mode: --subscribers connections spread evenly over this many rooms
+    /// (`room:` conversations) and --publishers sending into them; every delivery is timed
+    /// and the expected ones (published × subscribers of the room) checked. --users and
+    /// --cross-node-share are then not used.
+    #[arg(long, value_name = "R")]
+    rooms: Option<usize>,
+    /// Room mode: subscriber connections over all rooms (subscriber i joins room i mod R).
+    #[arg(long, value_name = "N", default_value_t = 1000, requires = "rooms")]
+    subscribers: usize,
+    /// Room mode: publisher connections (publisher j sends into room j mod R); default one
+    /// per room.
+    #[arg(long, value_name = "P", requires = "rooms")]
+    publishers: Option<usize>,
+    /// Total messages per second across all users (room mode: all publishers); 0 = as fast
+    /// as possible with at most --in-flight undelivered messages per user (room mode: per
+    /// publisher, a message being in flight until every subscriber of its room has it).
+    #[arg(long, visible_alias = "publish-rate", default_value_t = 0)]
     rate: u64,
     /// Length of the measurement window (e.g. 10s, 500ms, 1m).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -58,7 +75,8 @@ struct Args {
     /// Size of each message body in bytes (at least 16).
     #[arg(long, default_value_t = 64)]
     body_bytes: usize,
-    /// Messages a user may have in flight (sent, not yet delivered to its partner).
+    /// Messages a user may have in flight (sent, not yet delivered to its partner; room
+    /// mode: per publisher, not yet acknowledged and delivered to its whole room).
     #[arg(long, default_value_t = 16)]
     in_flight: usize,
     /// Connections opened at once while users connect.
@@ -142,6 +160,11 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         label: args.label.clone(),
         urls: args.url.clone(),
         users: args.users,
+        rooms: args.rooms.map(|rooms| RoomLoad {
+            rooms,
+            subscribers: args.subscribers,
+            publishers: args.publishers.unwrap_or(rooms),
+        }),
         cross_node_share: args.cross_node_share,
         rate: args.rate,
         duration: args.duration,

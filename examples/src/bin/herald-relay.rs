@@ -1,6 +1,7 @@
 //! `herald-relay`: a trivial WebSocket relay speaking just enough of Herald's v1 protocol
 //! for the load generator and the chat examples — the baseline that makes the cost of
-//! Herald's guarantees visible. See `herald_examples::relay`.
+//! Herald's guarantees visible: pairs in `dm:` conversations, and room broadcast (every
+//! subscriber of a `room:` gets each message sent to it). See `herald_examples::relay`.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, reason = "a command-line program reports on stdout")]

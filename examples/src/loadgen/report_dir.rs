@@ -281,6 +281,25 @@ fn run_table(report: &Report) -> String {
             ),
         ),
     ]);
+    if let Some(rooms) = &report.rooms {
+        rows.push((
+            "rooms",
+            format!(
+                "{} rooms; {} of {} subscribers and {} of {} publishers connected; deliveries expected {}, \
+                 received {}, missing {}; {} publisher messages heard by other publishers; {} freed by timeout",
+                rooms.rooms,
+                rooms.subscribers_connected,
+                rooms.subscribers,
+                rooms.publishers_connected,
+                rooms.publishers,
+                rooms.expected,
+                rooms.received,
+                rooms.missing,
+                rooms.publisher_received,
+                rooms.expired
+            ),
+        ));
+    }
     if let Some(verification) = report.verification {
         rows.push((
             "ids",

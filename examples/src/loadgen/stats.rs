@@ -16,7 +16,7 @@ use std::{
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
-use super::timeline::Timeline;
+use super::{room::RoomFigures, timeline::Timeline};
 
 /// Highest latency a histogram records precisely, in microseconds (one minute); larger
 /// values are clamped to it.
@@ -274,6 +274,10 @@ pub struct Report {
     pub first_error: Option<String>,
     /// The run second by second, if it was asked for ([`super::LoadConfig::timeline`]).
     pub timeline: Option<Timeline>,
+    /// A room run's own figures; `None` for pairs. In a room run `users` counts every
+    /// connection, `counts.sent` the messages published and `counts.delivered` the
+    /// deliveries to subscribers.
+    pub rooms: Option<RoomFigures>,
 }
 
 /// The counters' values at one moment.
@@ -395,6 +399,9 @@ impl Report {
             "cross_endpoint_latency": self.cross_endpoint_latency.to_json(),
             "send_ack_latency": self.ack_latency.to_json(),
         });
+        if let (Some(rooms), Some(object)) = (&self.rooms, value.as_object_mut()) {
+            object.insert("rooms".to_owned(), rooms.to_json());
+        }
         if let (Some(lag), Some(object)) = (self.send_lag, value.as_object_mut()) {
             object.insert("send_lag".to_owned(), lag.to_json());
         }
@@ -420,6 +427,9 @@ impl Report {
     /// `send->deliver latency:`): add lines rather than change these. With several
     /// endpoints, lines on the pairs and their latencies follow the overall latency.
     pub fn to_text(&self) -> String {
+        if let Some(rooms) = &self.rooms {
+            return self.room_text(rooms);
+        }
         let c = &self.counts;
         let mut text = format!(
             "{label}: {url} ({encoding}), {connected}/{users} users connected in {connect:.2}s, \
@@ -483,6 +493,79 @@ impl Report {
                 verification.unacknowledged,
                 if verification.is_exact() { "exact" } else { "MISMATCH" }
             ));
+        }
+        if let Some(lag) = self.send_lag {
+            text.push_str(&format!(
+                "\n  generator lag behind schedule: p50 {} p99 {} max {}",
+                format_us(lag.p50_us),
+                format_us(lag.p99_us),
+                format_us(lag.max_us)
+            ));
+        }
+        if let Some(error) = &self.first_error {
+            text.push_str(&format!("\n  first error: {error}"));
+        }
+        text
+    }
+
+    /// [`Report::to_text`] of a room run: the same latency lines, with deliveries counted
+    /// per subscriber and the expected ones checked.
+    fn room_text(&self, rooms: &RoomFigures) -> String {
+        let c = &self.counts;
+        let mut text = format!(
+            "{label}: {url} ({encoding}), rooms: {rooms} room(s), {subscribed}/{subscribers} subscribers and \
+             {published_by}/{publishers} publishers connected in {connect:.2}s, rate {rate}, {body} B bodies, \
+             in-flight {in_flight}/publisher\n\
+             \x20 window {window:.1}s after {warmup:.1}s warm-up: \
+             published {sent_rate:.0} msg/s, deliveries {delivered_rate:.0}/s over all subscribers\n\
+             \x20 send->deliver latency: p50 {p50} p99 {p99} p999 {p999} max {max} ({n} samples)\n\
+             \x20 send->send_ack latency: p50 {a50} p99 {a99} p999 {a999} max {amax}\n\
+             \x20 deliveries: expected {expected}, received {received}, missing {missing} \
+             (after {drain:.2}s of drain{drained}) | duplicates {dups}\n\
+             \x20 publishes: sent {sent} ack OK {ok} dup {dup} | rejected {rej} retry {retry} given up {given_up} \
+             (paced or refused by the server, not deliveries) | freed by timeout {expired} | errors {errors}",
+            label = self.label,
+            url = self.url,
+            encoding = self.encoding,
+            rooms = rooms.rooms,
+            subscribed = rooms.subscribers_connected,
+            subscribers = rooms.subscribers,
+            published_by = rooms.publishers_connected,
+            publishers = rooms.publishers,
+            connect = self.connect_time.as_secs_f64(),
+            rate = if self.rate == 0 { "max".to_owned() } else { format!("{}/s", self.rate) },
+            body = self.body_bytes,
+            in_flight = self.in_flight,
+            window = self.duration.as_secs_f64(),
+            warmup = self.warmup.as_secs_f64(),
+            sent_rate = self.sent_per_second(),
+            delivered_rate = self.delivered_per_second(),
+            p50 = format_us(self.latency.p50_us),
+            p99 = format_us(self.latency.p99_us),
+            p999 = format_us(self.latency.p999_us),
+            max = format_us(self.latency.max_us),
+            n = self.latency.count,
+            a50 = format_us(self.ack_latency.p50_us),
+            a99 = format_us(self.ack_latency.p99_us),
+            a999 = format_us(self.ack_latency.p999_us),
+            amax = format_us(self.ack_latency.max_us),
+            expected = rooms.expected,
+            received = rooms.received,
+            missing = rooms.missing,
+            drain = self.drain_time.as_secs_f64(),
+            drained = if self.drained { "" } else { ", timed out" },
+            dups = c.duplicates,
+            sent = c.sent,
+            ok = c.ack_ok,
+            dup = c.ack_duplicate,
+            rej = c.ack_rejected,
+            retry = c.ack_retry,
+            given_up = c.given_up,
+            expired = rooms.expired,
+            errors = c.errors,
+        );
+        if rooms.publisher_received > 0 {
+            text.push_str(&format!("\n  publishers received {} of each other's messages", rooms.publisher_received));
         }
         if let Some(lag) = self.send_lag {
             text.push_str(&format!(

@@ -1,5 +1,5 @@
 //! The shipped binaries, end to end: two `herald-chat` processes talk through a relay, and
-//! `herald-loadgen --compare-relay` runs against `herald-relay` processes.
+//! `herald-loadgen --compare-relay` runs against `herald-relay` processes, pairs and rooms.
 
 use std::process::Stdio;
 
@@ -128,4 +128,37 @@ async fn loadgen_refuses_remote_targets() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("not a loopback address"), "{stderr}");
+    let output = Command::new(env!("CARGO_BIN_EXE_herald-loadgen"))
+        .args(["--url", "ws://192.0.2.1:7070/v1/ws", "--rooms", "1", "--subscribers", "10", "--quiet"])
+        .output()
+        .await
+        .expect("loadgen runs");
+    assert_eq!(output.status.code(), Some(2), "room mode refuses a remote target too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loadgen_room_mode_compares_against_the_relays_broadcast() {
+    let relay = Relay::spawn_local(RelayConfig::default()).await.expect("relay binds");
+    let output = tokio::time::timeout(
+        STEP * 3,
+        Command::new(env!("CARGO_BIN_EXE_herald-loadgen"))
+            .args(["--url", &relay.url(), "--rooms", "2", "--subscribers", "20", "--publish-rate", "200"])
+            .args(["--duration", "1s", "--warmup", "0s", "--quiet", "--compare-relay"])
+            .args(["--relay-bin", env!("CARGO_BIN_EXE_herald-relay")])
+            .output(),
+    )
+    .await
+    .expect("loadgen finishes")
+    .expect("loadgen runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_str(stdout.lines().last().expect("output")).expect("JSON");
+    for run in ["herald", "relay"] {
+        assert_eq!(json[run]["rooms"]["missing_deliveries"], 0, "{json}");
+        // 200 msg/s into rooms of 10 subscribers: about 2,000 deliveries a second.
+        let rate = json[run]["delivered_per_s"].as_f64().unwrap_or(0.0);
+        assert!((1500.0..=2500.0).contains(&rate), "{run}: {rate} deliveries/s: {json}");
+    }
+    assert!(json["ratio"]["delivered_per_s"].as_f64().is_some_and(|r| r > 0.5), "{json}");
+    assert!(stdout.contains("herald/relay: throughput x"), "{stdout}");
 }

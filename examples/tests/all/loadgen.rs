@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use herald_examples::{
-    loadgen::{self, LoadConfig, report_dir},
+    loadgen::{self, LoadConfig, RoomLoad, report_dir},
     relay::{Relay, RelayConfig},
 };
 use herald_proto::Encoding;
@@ -109,4 +109,50 @@ async fn loadgen_reports_when_nobody_can_connect() {
     };
     let error = loadgen::run(config).await.expect_err("nobody connects");
     assert!(error.to_string().contains("no user could connect"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_mode_times_every_delivery_and_misses_none_through_the_relay_broadcast() {
+    let relay = Relay::spawn_local(RelayConfig::default()).await.expect("relay binds");
+    // 40 subscribers over 3 rooms (14, 13, 13); 4 publishers, so room 0 has two, which
+    // hear each other without that counting as a delivery.
+    let rooms = RoomLoad { rooms: 3, subscribers: 40, publishers: 4 };
+    let config = LoadConfig {
+        rooms: Some(rooms),
+        duration: Duration::from_secs(1),
+        timeline: true,
+        verify: false,
+        ..short_run(relay.url())
+    };
+    let report = loadgen::run(config).await.expect("run completes");
+    let text = report.to_text();
+    let figures = report.rooms.clone().expect("room figures");
+    assert_eq!((figures.subscribers_connected, figures.publishers_connected), (40, 4), "{text}");
+    assert_eq!(report.counts.errors, 0, "{text}");
+    assert!(report.drained, "{text}");
+    assert!(report.counts.delivered > 1000, "{text}");
+    assert_eq!(report.counts.ack_ok, report.counts.sent, "{text}");
+    assert!(figures.expected > 0 && figures.expected == figures.received, "{text}");
+    assert_eq!(figures.missing, 0, "{text}");
+    assert_eq!(report.counts.duplicates, 0, "{text}");
+    assert_eq!(report.counts.deliver_acks, 0, "room messages are not acknowledged");
+    assert!(figures.publisher_received > 0, "room 0's publishers hear each other: {text}");
+    assert!(report.latency.count > 0 && report.latency.p50_us > 0, "{text}");
+    assert!(text.contains("deliveries: expected") && text.contains("send->deliver latency:"), "{text}");
+    let json = report.to_json();
+    assert_eq!(json["rooms"]["missing_deliveries"], 0);
+    assert!(json["delivered_per_s"].as_f64().is_some_and(|rate| rate > json["sent_per_s"].as_f64().unwrap_or(0.0)));
+    let seconds = &report.timeline.as_ref().expect("timeline kept").seconds;
+    assert_eq!(seconds.iter().map(|second| second.delivered).sum::<u64>(), report.counts.delivered);
+    let temp = tempfile::tempdir().expect("temp dir");
+    report_dir::write(temp.path(), &report, None).expect("report written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_mode_refuses_a_room_without_subscribers_or_publishers() {
+    for rooms in [RoomLoad::new(5, 4), RoomLoad { rooms: 2, subscribers: 10, publishers: 1 }] {
+        let config = LoadConfig { rooms: Some(rooms), ..short_run("ws://127.0.0.1:1/v1/ws".to_owned()) };
+        let error = loadgen::run(config).await.expect_err("refused before connecting");
+        assert!(error.to_string().contains("needs a"), "{error}");
+    }
 }
