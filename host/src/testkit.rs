@@ -192,6 +192,7 @@ impl Kit {
         self.sessions.park(Arc::clone(session));
         self.routes.logout(&session.user, &session.device, THIS_NODE, session.id).await.expect("log out");
         self.sessions.remove(session.id);
+        self.delivery.connection_closed(session);
     }
 
     /// Runs a send through the pipeline to the end — the ack, then the fan-out — and

@@ -380,9 +380,15 @@ impl Delivery {
         metrics::counter!("herald_delivery_settled_total", "outcome" => outcome).increment(1);
     }
 
-    /// Pushes waiting for their ack timeout (each holds its message until then).
+    /// Pushes waiting for their ack (each holds its message until then).
     pub fn pending_retries(&self) -> usize {
         self.retries.pending()
+    }
+
+    /// A connection closed: the pushes waiting for its acks are settled now rather than at
+    /// the end of their waits.
+    pub fn connection_closed(&self, session: &Session) {
+        self.retries.closed(session.id);
     }
 
     /// A cumulative ack from a device: stops retries up to `seq` and moves its cursor.
@@ -394,6 +400,7 @@ impl Delivery {
         }
         if session.record_ack(conversation, seq) {
             self.cursors.record(&session.user, &session.device, conversation, seq);
+            self.retries.acked(session.id, conversation.clone(), seq);
         }
         let Some((sent_at_ms, pushed_at)) = session.ack_covers_newest_push(conversation, seq) else { return };
         session.rtt.sample(pushed_at.elapsed());

@@ -1,6 +1,7 @@
 //! The retry timers, seen through what a device is pushed: an unacked push comes again
 //! after its ack timeout, attempt after attempt, until the attempts are used up; an acked
-//! one never does; and nothing stays pending once each push is settled.
+//! one never does; and a push stops waiting as soon as an ack covers it or its connection
+//! closes, not at the end of its wait.
 
 use std::time::Duration;
 
@@ -56,15 +57,52 @@ async fn an_unacked_push_comes_again_until_its_attempts_are_used_up() {
     assert!(bob.delivered().iter().all(|message| message.seq == 1));
 }
 
+/// An ack timeout no test waits out: a push settled within [`WAIT`] was settled by its ack
+/// or its connection's close, not by its timer.
+const NEVER_DUE_MS: u64 = 600_000;
+
 #[tokio::test]
-async fn an_acked_push_is_settled_without_another() {
-    let kit = Kit::with(kit_options(300)).await;
+async fn an_acked_push_is_settled_at_once_and_never_pushed_again() {
+    let kit = Kit::with(kit_options(NEVER_DUE_MS)).await;
     let (bob_session, bob) = kit.connect("bob", "phone").await;
 
     kit.delivery.fan_out(message("dm:alice:bob", 1, "alice", "phone")).await;
     wait_until("the push waits for its ack", || kit.delivery.pending_retries() == 1).await;
     kit.delivery.ack(&bob_session, &conversation_id("dm:alice:bob"), 1).await;
 
-    wait_until("its timer is settled", || kit.delivery.pending_retries() == 0).await;
-    assert_eq!(attempts(&bob), [1], "acked before its timeout: pushed once");
+    wait_until("its timer is taken out by the ack", || kit.delivery.pending_retries() == 0).await;
+    assert_eq!(attempts(&bob), [1], "acked: pushed once");
+}
+
+#[tokio::test]
+async fn an_ack_settles_the_pushes_it_covers_and_no_others() {
+    let kit = Kit::with(kit_options(NEVER_DUE_MS)).await;
+    let (bob_session, _bob) = kit.connect("bob", "phone").await;
+    for seq in 1..=3 {
+        kit.delivery.fan_out(message("dm:alice:bob", seq, "alice", "phone")).await;
+    }
+    kit.delivery.fan_out(message("dm:bob:carol", 1, "carol", "phone")).await;
+    wait_until("four pushes wait", || kit.delivery.pending_retries() == 4).await;
+
+    kit.delivery.ack(&bob_session, &conversation_id("dm:alice:bob"), 2).await;
+    wait_until("seqs 1 and 2 settled", || kit.delivery.pending_retries() == 2).await;
+    // An ack that moves nothing settles nothing.
+    kit.delivery.ack(&bob_session, &conversation_id("dm:alice:bob"), 1).await;
+    kit.delivery.ack(&bob_session, &conversation_id("dm:alice:bob"), 3).await;
+    wait_until("seq 3 settled", || kit.delivery.pending_retries() == 1).await;
+    assert_eq!(kit.delivery.pending_retries(), 1, "the other conversation's push still waits");
+}
+
+#[tokio::test]
+async fn a_closed_connections_pushes_are_settled_at_once() {
+    let kit = Kit::with(kit_options(NEVER_DUE_MS)).await;
+    let (bob_session, _bob) = kit.connect("bob", "phone").await;
+    let (_carol_session, _carol) = kit.connect("carol", "phone").await;
+    kit.delivery.fan_out(message("dm:alice:bob", 1, "alice", "phone")).await;
+    kit.delivery.fan_out(message("dm:alice:carol", 1, "alice", "phone")).await;
+    wait_until("both pushes wait", || kit.delivery.pending_retries() == 2).await;
+
+    kit.drop_within_grace(&bob_session).await;
+
+    wait_until("bob's push is settled", || kit.delivery.pending_retries() == 1).await;
 }

@@ -384,6 +384,7 @@ async fn kick_previous(gateway: &Gateway, session: &Session) -> Option<Arc<Sessi
 async fn detach(gateway: &Arc<Gateway>, client: &Client) {
     let session = &client.session;
     gateway.delivery.drop_subscriptions(session).await;
+    gateway.delivery.connection_closed(session);
     let grace = gateway.config.reconnect_grace_ms;
     let sessions = &gateway.delivery.sessions();
     // Parked before the route goes, so fan-out always finds one or the other.
