@@ -111,6 +111,9 @@ impl RetryTimers {
     }
 }
 
+/// The pushes of one conversation to one connection that wait, by (seq, number).
+type Waiting = BTreeMap<(u64, u64), Key>;
+
 /// The queue, and where each push sits in it by connection, conversation and seq (so an
 /// ack or a close finds its pushes without a scan).
 #[derive(Default)]
@@ -118,7 +121,7 @@ struct Timers {
     /// Each push with its number (two pushes of one seq may wait at once: a backfill's and
     /// a live one's).
     queue: DelayQueue<(u64, Pending)>,
-    index: HashMap<ConnectionId, HashMap<ConversationId, BTreeMap<(u64, u64), Key>>>,
+    index: HashMap<ConnectionId, HashMap<ConversationId, Waiting>>,
     numbered: u64,
 }
 
