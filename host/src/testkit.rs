@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use herald_proto::SharedFrame;
 use herald_proto::v1::{self, Frame, frame::Body};
 
 use crate::clock::SystemClock;
@@ -318,6 +319,8 @@ pub fn message(conversation: &str, seq: u64, user: &str, device: &str) -> Arc<Me
 #[derive(Default)]
 pub struct RecordingOutbox {
     frames: Mutex<Vec<Frame>>,
+    /// The shared frames taken (their frames are in `frames` too).
+    shared: Mutex<Vec<Arc<SharedFrame>>>,
     closed: AtomicBool,
     /// Takes this many frames, then closes (a device that went away).
     room: Option<usize>,
@@ -349,6 +352,11 @@ impl RecordingOutbox {
             .collect()
     }
 
+    /// The shared frames taken, in order.
+    pub fn shared(&self) -> Vec<Arc<SharedFrame>> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// (conversation, seq) of each `deliver` frame taken, in order.
     pub fn delivered_seqs(&self) -> Vec<(String, u64)> {
         self.delivered().into_iter().map(|message| (message.conversation, message.seq)).collect()
@@ -371,6 +379,14 @@ impl RecordingOutbox {
 impl Outbox for RecordingOutbox {
     fn push(&self, frame: Frame) -> bool {
         self.take(frame)
+    }
+
+    fn push_shared(&self, frame: &Arc<SharedFrame>) -> bool {
+        let taken = self.take(frame.frame().clone());
+        if taken {
+            self.shared.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::clone(frame));
+        }
+        taken
     }
 
     async fn push_waiting(&self, frame: Frame) -> bool {

@@ -8,6 +8,8 @@
 //! - a decoded frame always has a body, so callers can match on it without an `Option`;
 //! - every [`FrameError`] maps to exactly one close code ([`FrameError::close_code`]).
 
+use std::sync::OnceLock;
+
 use bytes::Bytes;
 use prost::Message as _;
 
@@ -248,6 +250,43 @@ pub fn encode_json(frame: &Frame) -> Result<String, EncodeError> {
     serde_json::to_string(frame).map_err(EncodeError::Json)
 }
 
+/// A frame written to many connections (a room message to its subscribers), encoded at
+/// most once per encoding however many connections it goes to: the first writer that needs
+/// an encoding makes it, every other one shares its buffer.
+#[derive(Debug)]
+pub struct SharedFrame {
+    frame: Frame,
+    proto: OnceLock<Bytes>,
+    /// `None` when the frame has no JSON spelling (then every writer gets the error).
+    json: OnceLock<Option<Bytes>>,
+}
+
+impl SharedFrame {
+    pub fn new(frame: Frame) -> Self {
+        Self { frame, proto: OnceLock::new(), json: OnceLock::new() }
+    }
+
+    pub fn frame(&self) -> &Frame {
+        &self.frame
+    }
+
+    /// The frame in `encoding`: encoded by the first caller, shared with the others (a
+    /// cheap clone of one buffer).
+    ///
+    /// # Errors
+    ///
+    /// As [`encode_frame`]: [`EncodeError::Json`] if the frame has no JSON spelling.
+    pub fn encoded(&self, encoding: Encoding) -> Result<Bytes, EncodeError> {
+        match encoding {
+            Encoding::Proto => Ok(self.proto.get_or_init(|| encode_proto(&self.frame).into()).clone()),
+            Encoding::Json => match self.json.get_or_init(|| encode_json(&self.frame).ok().map(Bytes::from)) {
+                Some(text) => Ok(text.clone()),
+                None => encode_json(&self.frame).map(Bytes::from),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,5 +326,19 @@ mod tests {
         assert_eq!(FrameError::TooLarge { size: 2, limit: 1 }.close_code(), 1009);
         assert_eq!(FrameError::NoBody.close_code(), 4010);
         assert_eq!(FrameError::TooDeep { limit: 1 }.close_code(), 4010);
+    }
+
+    #[test]
+    fn a_shared_frame_is_encoded_once_per_encoding_as_it_would_be_alone() {
+        let message = crate::v1::Message { id: 7, conversation: "room:lobby".into(), seq: 3, ..Default::default() };
+        let frame = Frame::new(0, crate::v1::Deliver { message: Some(message), attempt: 1 });
+        let shared = SharedFrame::new(frame.clone());
+        for encoding in [Encoding::Proto, Encoding::Json] {
+            let first = shared.encoded(encoding).expect("encodes");
+            let again = shared.encoded(encoding).expect("encodes");
+            assert_eq!(first.as_ref(), encode_frame(&frame, encoding).expect("encodes").as_slice(), "{encoding:?}");
+            assert_eq!(first.as_ptr(), again.as_ptr(), "{encoding:?}: one buffer, shared");
+        }
+        assert_eq!(shared.frame(), &frame);
     }
 }

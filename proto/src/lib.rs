@@ -23,7 +23,7 @@ pub mod codec;
 mod frame;
 
 pub use codec::{
-    DecodeLimits, EncodeError, Encoding, FrameError, decode_frame, encode_frame, encode_json, encode_proto,
+    DecodeLimits, EncodeError, Encoding, FrameError, SharedFrame, decode_frame, encode_frame, encode_json, encode_proto,
 };
 
 /// WebSocket subprotocol for protobuf frames, one binary message each (the default).

@@ -201,6 +201,11 @@ async fn a_room_message_reaches_this_nodes_subscribers_and_the_nodes_the_directo
     for outbox in [&bob_phone, &carol_phone] {
         assert_eq!(outbox.delivered_seqs(), vec![("room:lobby".to_owned(), 4)]);
     }
+    let (bob_frames, carol_frames) = (bob_phone.shared(), carol_phone.shared());
+    assert!(
+        bob_frames.len() == 1 && carol_frames.len() == 1 && Arc::ptr_eq(&bob_frames[0], &carol_frames[0]),
+        "one shared frame for every subscriber (encoded once for all)"
+    );
     assert!(alice_phone.frames().is_empty(), "the sending device has it already");
     assert!(dave_phone.frames().is_empty(), "not subscribed");
     let calls = bus.calls();

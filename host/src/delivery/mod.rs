@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use herald_proto::SharedFrame;
 use herald_proto::v1::{self, Frame};
 use tokio::sync::Semaphore;
 
@@ -314,14 +315,16 @@ impl Delivery {
     }
 
     /// Pushes a room message to this node's subscribers of its room (no retries: a
-    /// subscriber catches up from history).
+    /// subscriber catches up from history). The frame is shared: encoded once per
+    /// encoding, however many subscribers take it.
     pub fn push_to_room_here(&self, message: &Message) {
         let frame = self.wire_for(message).map_or_else(|| sync_hint(message), |wire| deliver(wire, 1));
+        let frame = Arc::new(SharedFrame::new(frame));
         for id in self.reach.rooms.subscribers(&message.conversation) {
             if let Some(session) = self.reach.sessions.get(id)
                 && !message.is_from(&session.user, &session.device)
             {
-                session.push(frame.clone());
+                session.push_shared(&frame);
             }
         }
     }

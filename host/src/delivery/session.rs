@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use herald_proto::SharedFrame;
 use herald_proto::v1::Frame;
 
 use super::rtt::RttEstimate;
@@ -30,6 +31,12 @@ use crate::model::{ConnectionId, ConversationId, DeviceId, UserId};
 pub trait Outbox: Send + Sync + 'static {
     /// Queues `frame` without waiting; returns whether it was queued.
     fn push(&self, frame: Frame) -> bool;
+    /// Queues a frame shared with other connections (a room message), without waiting;
+    /// returns whether it was queued. A socket writer keeps it shared, so it is encoded
+    /// once for all of them; this default queues a copy.
+    fn push_shared(&self, frame: &Arc<SharedFrame>) -> bool {
+        self.push(frame.frame().clone())
+    }
     /// Queues `frame`, waiting for room (backfill paces itself to the client); returns
     /// whether it was queued.
     async fn push_waiting(&self, frame: Frame) -> bool;
@@ -179,6 +186,12 @@ impl Session {
     /// Queues `frame` without waiting; returns whether it was queued.
     pub fn push(&self, frame: Frame) -> bool {
         self.outbox.push(frame)
+    }
+
+    /// Queues a frame shared with other connections without waiting; returns whether it
+    /// was queued.
+    pub fn push_shared(&self, frame: &Arc<SharedFrame>) -> bool {
+        self.outbox.push_shared(frame)
     }
 
     /// Queues `frame`, waiting for room; returns whether it was queued.

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
+use herald_proto::SharedFrame;
 use herald_proto::v1::{self, Frame};
 use tokio::sync::{mpsc, watch};
 
@@ -52,12 +53,19 @@ impl CloseReason {
     }
 }
 
+/// What the writer is given: a frame of this connection's own, or one shared with other
+/// connections (a room message, encoded once for all of them).
+pub enum Outgoing {
+    Own(Frame),
+    Shared(Arc<SharedFrame>),
+}
+
 /// A live, authenticated connection's transport.
 pub struct Connection {
     /// Unique on this node.
     pub id: ConnectionId,
     /// Frames for the writer task.
-    outbox: mpsc::Sender<Frame>,
+    outbox: mpsc::Sender<Outgoing>,
     /// A close requested by anyone; the writer sends it and stops.
     close_request: Mutex<Option<CloseReason>>,
     /// A last frame the writer sends before the close frame (`go_away`).
@@ -70,7 +78,7 @@ pub struct Connection {
 
 impl Connection {
     /// A connection whose writer reads `outbox`.
-    pub fn new(id: ConnectionId, outbox: mpsc::Sender<Frame>) -> Self {
+    pub fn new(id: ConnectionId, outbox: mpsc::Sender<Outgoing>) -> Self {
         Self {
             id,
             outbox,
@@ -84,10 +92,19 @@ impl Connection {
     /// Queues `frame` without waiting. A full queue closes the connection as a slow
     /// consumer (4008). Returns whether the frame was queued.
     pub fn push(&self, frame: Frame) -> bool {
+        self.queue(Outgoing::Own(frame))
+    }
+
+    /// Queues a frame shared with other connections, as [`Connection::push`] does.
+    pub fn push_shared(&self, frame: &Arc<SharedFrame>) -> bool {
+        self.queue(Outgoing::Shared(Arc::clone(frame)))
+    }
+
+    fn queue(&self, outgoing: Outgoing) -> bool {
         if self.is_closed() {
             return false;
         }
-        match self.outbox.try_send(frame) {
+        match self.outbox.try_send(outgoing) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 metrics::counter!("herald_gateway_slow_consumers_total").increment(1);
@@ -105,7 +122,7 @@ impl Connection {
 
     /// Queues `frame`, waiting for room (used by backfill, which paces itself to the client).
     pub async fn push_waiting(&self, frame: Frame) -> bool {
-        !self.is_closed() && self.outbox.send(frame).await.is_ok()
+        !self.is_closed() && self.outbox.send(Outgoing::Own(frame)).await.is_ok()
     }
 
     /// Asks the writer to close the connection; the first request wins.
@@ -173,6 +190,10 @@ impl Connection {
 impl Outbox for Connection {
     fn push(&self, frame: Frame) -> bool {
         Connection::push(self, frame)
+    }
+
+    fn push_shared(&self, frame: &Arc<SharedFrame>) -> bool {
+        Connection::push_shared(self, frame)
     }
 
     async fn push_waiting(&self, frame: Frame) -> bool {

@@ -54,7 +54,7 @@ use crate::routing::RouteTable;
 
 use crate::routing::Route;
 use auth::Authenticator;
-use connection::{CloseReason, Connection, Connections, close};
+use connection::{CloseReason, Connection, Connections, Outgoing, close};
 use dispatch::{next_frame, read_loop};
 use intake::{ConnectionPermit, FrameBudget, Intake, SendBudget};
 use redirect::Redirects;
@@ -310,7 +310,7 @@ async fn attach(
     gateway: &Arc<Gateway>,
     client: &Client,
     rid: u32,
-    queued: mpsc::Receiver<Frame>,
+    queued: mpsc::Receiver<Outgoing>,
     sink: SplitSink<WebSocket, Message>,
     encoding: Encoding,
 ) {

@@ -4,20 +4,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use bytes::Bytes;
 use futures_util::SinkExt;
 use futures_util::stream::SplitSink;
 use herald_proto::v1::{self, Frame};
 use herald_proto::{Encoding, encode_frame};
 use tokio::sync::mpsc;
 
-use super::connection::{CloseReason, Connection};
+use super::connection::{CloseReason, Connection, Outgoing};
 use crate::clock::WallClock;
 
 /// Writes queued frames, pings every `heartbeat`, and finally the close frame.
 pub(super) async fn write_loop(
     mut sink: SplitSink<WebSocket, Message>,
-    mut queued: mpsc::Receiver<Frame>,
+    mut queued: mpsc::Receiver<Outgoing>,
     connection: Arc<Connection>,
     heartbeat: Duration,
     encoding: Encoding,
@@ -36,7 +37,7 @@ pub(super) async fn write_loop(
         let outgoing = tokio::select! {
             biased;
             why = connection.close_requested() => {
-                if let Some(message) = connection.take_farewell().and_then(|frame| to_message(&frame, encoding)) {
+                if let Some(message) = connection.take_farewell().and_then(|frame| to_message(&Outgoing::Own(frame), encoding)) {
                     let _ = sink.send(message).await;
                 }
                 let _ = sink.send(close_message(&why)).await;
@@ -47,7 +48,7 @@ pub(super) async fn write_loop(
                 Some(frame) => frame,
                 None => return,
             },
-            _ = ping.tick() => Frame::new(0, v1::Ping { time_ms: clock.now_ms() }),
+            _ = ping.tick() => Outgoing::Own(Frame::new(0, v1::Ping { time_ms: clock.now_ms() })),
         };
         // Whatever else is queued by now goes out with it, in one flush (one write to the
         // socket, not one per frame).
@@ -76,12 +77,16 @@ pub(super) async fn write_loop(
 /// Most frames written before one flush: bounds how long the first waits.
 const MAX_FRAMES_PER_FLUSH: usize = 64;
 
-/// `frame` as a WebSocket message in the connection's encoding (`None`, logged, if it
-/// cannot be encoded).
-fn to_message(frame: &Frame, encoding: Encoding) -> Option<Message> {
-    match encode_frame(frame, encoding) {
-        Ok(bytes) if encoding == Encoding::Json => String::from_utf8(bytes).ok().map(|text| Message::Text(text.into())),
-        Ok(bytes) => Some(Message::Binary(bytes.into())),
+/// `outgoing` as a WebSocket message in the connection's encoding (`None`, logged, if it
+/// cannot be encoded). A shared frame is encoded by the first writer that needs it.
+fn to_message(outgoing: &Outgoing, encoding: Encoding) -> Option<Message> {
+    let encoded = match outgoing {
+        Outgoing::Own(frame) => encode_frame(frame, encoding).map(Bytes::from),
+        Outgoing::Shared(frame) => frame.encoded(encoding),
+    };
+    match encoded {
+        Ok(bytes) if encoding == Encoding::Json => Utf8Bytes::try_from(bytes).ok().map(Message::Text),
+        Ok(bytes) => Some(Message::Binary(bytes)),
         Err(error) => {
             tracing::error!(%error, "a frame could not be encoded");
             None

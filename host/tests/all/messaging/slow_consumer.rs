@@ -1,10 +1,12 @@
 //! A client that never reads its socket while a lot is sent to it overflows its bounded
-//! send queue and is closed with 4008 — and nobody else on the node notices.
+//! send queue and is closed with 4008 — and nobody else on the node notices: not the other
+//! chatters, and not the other subscribers of a room it floods.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use herald_proto::Encoding;
 use herald_proto::v1::send_ack::Status;
 use tokio::time::Instant;
 
@@ -95,4 +97,66 @@ async fn a_slow_consumer_is_closed_with_4008_while_others_see_no_stall() {
         "after reconnecting, sync returns the flood: {} conversations",
         reply.conversations.len()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_room_subscriber_is_closed_with_4008_while_the_others_get_every_message() {
+    const ROOM: &str = "room:arena";
+    let herald = Herald::with().set("GATEWAY__SEND_QUEUE", 16).start().await;
+    // From here on `slow` never reads.
+    let mut slow = Client::connect(&herald, "slow", SLOW_DEVICE).await;
+    slow.subscribe(ROOM, None).await;
+    let mut others = Vec::new();
+    // One of each encoding: the shared frame is encoded once in each.
+    for (user, encoding) in [("bob", Encoding::Proto), ("carol", Encoding::Json)] {
+        let mut client = Client::connect_with(&herald, encoding, user, "phone").await;
+        client.subscribe(ROOM, None).await;
+        others.push(client);
+    }
+    let mut publisher = Client::connect(&herald, "game", "server").await;
+    publisher.subscribe(ROOM, None).await; // a room takes messages from its subscribers
+
+    // 32 KiB announcements, 8 at a time, until the slow one is let go or 1000 have gone
+    // out; the other subscribers take each batch before the next.
+    let body = vec![b'x'; 32 * 1024];
+    let (mut sent, mut last) = (0, None);
+    while sent < 1000 {
+        let ids: Vec<String> = (0..8).map(|_| uuid()).collect();
+        for id in &ids {
+            publisher.send_with(id, ROOM, 1, &body).await;
+        }
+        let mut acks = Vec::new();
+        for id in &ids {
+            let ack = publisher.ack_of(id).await;
+            assert_eq!(ack.status(), Status::Ok, "the publisher is never held back by a slow subscriber: {ack:?}");
+            acks.push(ack);
+        }
+        for client in &mut others {
+            for ack in &acks {
+                client.deliver_of(ack.message_id).await;
+            }
+        }
+        sent += ids.len();
+        last = acks.pop();
+        let presence = herald.get("/v1/users/slow/presence", Some(DEV_KEY)).await;
+        if presence.status == 200 && !presence.body.contains(SLOW_DEVICE) {
+            break;
+        }
+    }
+
+    let closed = slow.expect_closed(WAIT).await;
+    assert_eq!(
+        closed.code,
+        Some(4008),
+        "{}",
+        slow.failure(&format!(
+            "after {sent} room messages of 32 KiB the slow subscriber must be closed with 4008, got {closed:?}"
+        ))
+    );
+    // It catches up later, from where it knows it was.
+    let last = last.expect("at least one batch");
+    let mut back = Client::connect(&herald, "slow", SLOW_DEVICE).await;
+    let caught_up = back.subscribe(ROOM, Some(last.seq - 1)).await;
+    assert_eq!(caught_up.latest_seq, last.seq);
+    assert_eq!(caught_up.messages.iter().map(|m| m.id).collect::<Vec<_>>(), vec![last.message_id]);
 }
