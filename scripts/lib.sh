@@ -101,6 +101,11 @@ report_flags() {
     if [ -n "${REPORT:-}" ]; then report=(--report "$REPORT/$1"); fi
 }
 
+# Resident memory of process $1 in KiB (VmRSS of /proc/$1/status).
+rss_kib() {
+    awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"
+}
+
 # Stops the server start_herald started.
 stop_herald() {
     kill "$server" 2>/dev/null || true

@@ -23,12 +23,22 @@
 # says what it set.
 #
 #   scripts/loadtest.sh rooms [extra herald-loadgen flags, e.g. --publish-rate 50]
+#
+# Memory per connected device (issue 16), the same fresh Herald: IDLE_DEVICES devices
+# (default 10,000) connect in pairs and stay for 20 s at a trickle (devices/100 msgs/s in
+# all); the script reads Herald's resident size (/proc/PID/status) before they connect,
+# every second while they are connected, as they leave, and a minute later, and prints the
+# peak's growth per device. Beyond about 28,000 devices one loopback address runs out of
+# ephemeral ports (net.ipv4.ip_local_port_range).
+#
+#   scripts/loadtest.sh idle
 set -euo pipefail
 mode=pairs
-if [ "${1:-}" = rooms ]; then
-    mode=rooms
-    shift
-fi
+case "${1:-}" in
+    rooms) mode=rooms; shift ;;
+    idle) mode=idle; shift ;;
+esac
+devices=${IDLE_DEVICES:-10000}
 # A relative REPORT is relative to where the script was started, not to the repository.
 [ -z "${REPORT:-}" ] || REPORT=$(realpath -m -- "$REPORT")
 cd "$(dirname "$0")/.."
@@ -45,15 +55,17 @@ if [ "${HERALD_LOADTEST_PLUGINS:-0}" = 1 ]; then
 fi
 port=${HERALD_LOADTEST_PORT:-7099}
 trap 'stop_herald; rm -rf "$data"' EXIT
-if [ "$mode" = rooms ]; then
+if [ "$mode" != pairs ]; then
     # Before Herald starts, so that it inherits the limit too. The limit is per process:
     # herald-loadgen and Herald (and the relay) each hold one descriptor per connection.
-    need=10100
+    connections=10000
+    [ "$mode" = rooms ] || connections=$devices
+    need=$((connections + 100))
     hard=$(ulimit -Hn)
     # "unlimited" cannot be set as such for descriptors: ask for plenty instead.
     [ "$hard" != unlimited ] || hard=65536
     if [ "$hard" -lt "$need" ]; then
-        say "warning: the hard file-descriptor limit is $hard; 10,000 connections need about $need per process (herald-loadgen and Herald each hold one per connection)"
+        say "warning: the hard file-descriptor limit is $hard; these connections need about $need per process (herald-loadgen and Herald each hold one per connection)"
     fi
     ulimit -n "$hard"
     say "file-descriptor limit (ulimit -n) set to $(ulimit -n) (hard limit $hard)"
@@ -79,6 +91,28 @@ if [ "$mode" = rooms ]; then
     summary "1 room x 10,000" <"$results/1" >&2
     summary "10 rooms x 1,000" <"$results/2" >&2
     [ -z "${REPORT:-}" ] || say "reports: $REPORT/{rooms-1x10000,rooms-10x1000}/index.html"
+    exit 0
+fi
+if [ "$mode" = idle ]; then
+    # Herald's resident size (from /proc) before the devices connect, every second while
+    # they are held, and a minute after they left.
+    before=$(rss_kib "$server")
+    target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users "$devices" --rate $(( devices >= 200 ? devices / 100 : 1 )) \
+        --duration 20s --warmup 2s --quiet --connect-concurrency 128 "$@" >"$data/idle.out" &
+    loadgen=$!
+    peak=$before
+    while kill -0 "$loadgen" 2>/dev/null; do
+        now=$(rss_kib "$server")
+        [ "$now" -le "$peak" ] || peak=$now
+        sleep 1
+    done
+    wait "$loadgen" || die "herald-loadgen failed: $(tail -n 5 "$data/idle.out")"
+    left=$(rss_kib "$server")
+    say "waiting a minute for the memory to be handed back"
+    sleep 60
+    later=$(rss_kib "$server")
+    per_device=$(( (peak - before) * 1024 / devices ))
+    say "idle memory, $devices devices at $(( devices >= 200 ? devices / 100 : 1 )) msgs/s, $(nproc) cores: Herald resident $((before / 1024)) MiB before, $((peak / 1024)) MiB at the peak with them connected: $((per_device / 1024)).$(( (per_device % 1024) * 10 / 1024 )) KiB per device; $((left / 1024)) MiB as they left, $((later / 1024)) MiB a minute later"
     exit 0
 fi
 say "1) 1,000 users at a steady 5,000 msgs/s"

@@ -38,7 +38,10 @@ pub(super) async fn read_loop(
             },
             () = client.connection.closing() => return CloseReason::normal(),
         };
-        if let Err(why) = dispatch(gateway, client, frame).await {
+        // Boxed: a frame's handling is the deepest future of the loop, and inline it would
+        // size every idle connection's task for it (docs/ARCHITECTURE.md, "memory per
+        // connection").
+        if let Err(why) = Box::pin(dispatch(gateway, client, frame)).await {
             return why;
         }
     }

@@ -202,7 +202,10 @@ async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket, _permit: Connect
     let (mut sink, mut stream) = socket.split();
     // One bucket for the connection's whole life: the handshake's frames count too.
     let budget = FrameBudget::new(gateway.config.frames_per_second, gateway.config.frame_burst);
-    let (rid, user, device) = match admit(&gateway, &mut stream, &limits, &budget).await {
+    // The handshake, attach and detach are boxed, as a frame's dispatch is: each runs once,
+    // and inline each would make the connection's task as large as its deepest state for
+    // the connection's whole life.
+    let (rid, user, device) = match Box::pin(admit(&gateway, &mut stream, &limits, &budget)).await {
         Ok(admitted) => admitted,
         Err(Some(why)) => {
             close_now(&mut sink, why).await;
@@ -215,10 +218,10 @@ async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket, _permit: Connect
     let connection = Arc::new(Connection::new(id, outbox));
     let session = Arc::new(Session::new(id, user, device, Arc::clone(&connection) as _));
     let client = Client { connection, session, budget: gateway.intake.send_budget() };
-    attach(&gateway, &client, rid, queued, sink, encoding).await;
+    Box::pin(attach(&gateway, &client, rid, queued, sink, encoding)).await;
     let why = read_loop(&gateway, &client, &mut stream, &limits, &budget).await;
     client.connection.close(why);
-    detach(&gateway, &client).await;
+    Box::pin(detach(&gateway, &client)).await;
     linger(&mut stream).await;
 }
 

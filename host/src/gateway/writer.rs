@@ -37,7 +37,7 @@ pub(super) async fn write_loop(
         let outgoing = tokio::select! {
             biased;
             why = connection.close_requested() => {
-                if let Some(message) = connection.take_farewell().and_then(|frame| to_message(&Outgoing::Own(frame), encoding)) {
+                if let Some(message) = connection.take_farewell().and_then(|frame| to_message(&Outgoing::Own(Box::new(frame)), encoding)) {
                     let _ = sink.send(message).await;
                 }
                 let _ = sink.send(close_message(&why)).await;
@@ -48,7 +48,7 @@ pub(super) async fn write_loop(
                 Some(frame) => frame,
                 None => return,
             },
-            _ = ping.tick() => Outgoing::Own(Frame::new(0, v1::Ping { time_ms: clock.now_ms() })),
+            _ = ping.tick() => Outgoing::Own(Box::new(Frame::new(0, v1::Ping { time_ms: clock.now_ms() }))),
         };
         // Whatever else is queued by now goes out with it, in one flush (one write to the
         // socket, not one per frame).
