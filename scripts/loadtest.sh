@@ -96,8 +96,9 @@ fi
 if [ "$mode" = idle ]; then
     # Herald's resident size (from /proc) before the devices connect, every second while
     # they are held, and a minute after they left.
+    rate=$(( devices >= 200 ? devices / 100 : 1 ))
     before=$(rss_kib "$server")
-    target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users "$devices" --rate $(( devices >= 200 ? devices / 100 : 1 )) \
+    target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users "$devices" --rate "$rate" \
         --duration 20s --warmup 2s --quiet --connect-concurrency 128 "$@" >"$data/idle.out" &
     loadgen=$!
     peak=$before
@@ -112,7 +113,7 @@ if [ "$mode" = idle ]; then
     sleep 60
     later=$(rss_kib "$server")
     per_device=$(( (peak - before) * 1024 / devices ))
-    say "idle memory, $devices devices at $(( devices >= 200 ? devices / 100 : 1 )) msgs/s, $(nproc) cores: Herald resident $((before / 1024)) MiB before, $((peak / 1024)) MiB at the peak with them connected: $((per_device / 1024)).$(( (per_device % 1024) * 10 / 1024 )) KiB per device; $((left / 1024)) MiB as they left, $((later / 1024)) MiB a minute later"
+    say "idle memory, $devices devices at $rate msgs/s, $(nproc) cores: Herald resident $((before / 1024)) MiB before, $((peak / 1024)) MiB at the peak with them connected: $((per_device / 1024)).$(( (per_device % 1024) * 10 / 1024 )) KiB per device; $((left / 1024)) MiB as they left, $((later / 1024)) MiB a minute later"
     exit 0
 fi
 say "1) 1,000 users at a steady 5,000 msgs/s"

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use herald_proto::Encoding;
+use herald_proto::v1::SendAck;
 use herald_proto::v1::send_ack::Status;
 use tokio::time::Instant;
 
@@ -15,6 +16,41 @@ use super::server::{DEV_KEY, Herald};
 use super::{WAIT, dm, uuid};
 
 const SLOW_DEVICE: &str = "never-reads-device";
+
+/// Sends 8 messages of `body` into `conversation` at once (a flooder's own acks must fit
+/// its queue of 16) and returns their acks, each OK: a sender is never held back by a slow
+/// recipient.
+async fn send_batch(sender: &mut Client, conversation: &str, body: &[u8]) -> Vec<SendAck> {
+    let ids: Vec<String> = (0..8).map(|_| uuid()).collect();
+    for id in &ids {
+        sender.send_with(id, conversation, 1, body).await;
+    }
+    let mut acks = Vec::new();
+    for id in &ids {
+        let ack = sender.ack_of(id).await;
+        assert_eq!(ack.status(), Status::Ok, "the sender is never held back by a slow recipient: {ack:?}");
+        acks.push(ack);
+    }
+    acks
+}
+
+/// Whether the server has let the slow device go (it is gone from presence).
+async fn let_go(herald: &Herald) -> bool {
+    let presence = herald.get("/v1/users/slow/presence", Some(DEV_KEY)).await;
+    presence.status == 200 && !presence.body.contains(SLOW_DEVICE)
+}
+
+/// Waits for `slow`'s connection to close and asserts it was closed with 4008; `what`
+/// says after what.
+async fn expect_slow_consumer_closed(slow: &mut Client, what: &str) {
+    let closed = slow.expect_closed(WAIT).await;
+    assert_eq!(
+        closed.code,
+        Some(4008),
+        "{}",
+        slow.failure(&format!("{what} must be closed with 4008, got {closed:?}"))
+    );
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_consumer_is_closed_with_4008_while_others_see_no_stall() {
@@ -51,17 +87,8 @@ async fn a_slow_consumer_is_closed_with_4008_while_others_see_no_stall() {
     let body = vec![b'x'; 32 * 1024];
     let mut sent = 0;
     while sent < 1000 {
-        let ids: Vec<String> = (0..8).map(|_| uuid()).collect();
-        for id in &ids {
-            flood.send_with(id, &conversation, 1, &body).await;
-        }
-        for id in &ids {
-            let ack = flood.ack_of(id).await;
-            assert_eq!(ack.status(), Status::Ok, "the sender is never held back by a slow recipient: {ack:?}");
-        }
-        sent += ids.len();
-        let presence = herald.get("/v1/users/slow/presence", Some(DEV_KEY)).await;
-        if presence.status == 200 && !presence.body.contains(SLOW_DEVICE) {
+        sent += send_batch(&mut flood, &conversation, &body).await.len();
+        if let_go(&herald).await {
             break;
         }
     }
@@ -74,15 +101,7 @@ async fn a_slow_consumer_is_closed_with_4008_while_others_see_no_stall() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let closed = slow.expect_closed(WAIT).await;
-    assert_eq!(
-        closed.code,
-        Some(4008),
-        "{}",
-        slow.failure(&format!(
-            "after {sent} messages of 32 KiB the slow consumer must be closed with 4008, got {closed:?}"
-        ))
-    );
+    expect_slow_consumer_closed(&mut slow, &format!("after {sent} messages of 32 KiB the slow consumer")).await;
 
     stop.store(true, Ordering::Relaxed);
     let (mut carol, mut dave) = chat.await.unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()));
@@ -121,38 +140,20 @@ async fn a_slow_room_subscriber_is_closed_with_4008_while_the_others_get_every_m
     let body = vec![b'x'; 32 * 1024];
     let (mut sent, mut last) = (0, None);
     while sent < 1000 {
-        let ids: Vec<String> = (0..8).map(|_| uuid()).collect();
-        for id in &ids {
-            publisher.send_with(id, ROOM, 1, &body).await;
-        }
-        let mut acks = Vec::new();
-        for id in &ids {
-            let ack = publisher.ack_of(id).await;
-            assert_eq!(ack.status(), Status::Ok, "the publisher is never held back by a slow subscriber: {ack:?}");
-            acks.push(ack);
-        }
+        let mut acks = send_batch(&mut publisher, ROOM, &body).await;
         for client in &mut others {
             for ack in &acks {
                 client.deliver_of(ack.message_id).await;
             }
         }
-        sent += ids.len();
+        sent += acks.len();
         last = acks.pop();
-        let presence = herald.get("/v1/users/slow/presence", Some(DEV_KEY)).await;
-        if presence.status == 200 && !presence.body.contains(SLOW_DEVICE) {
+        if let_go(&herald).await {
             break;
         }
     }
 
-    let closed = slow.expect_closed(WAIT).await;
-    assert_eq!(
-        closed.code,
-        Some(4008),
-        "{}",
-        slow.failure(&format!(
-            "after {sent} room messages of 32 KiB the slow subscriber must be closed with 4008, got {closed:?}"
-        ))
-    );
+    expect_slow_consumer_closed(&mut slow, &format!("after {sent} room messages of 32 KiB the slow subscriber")).await;
     // It catches up later, from where it knows it was.
     let last = last.expect("at least one batch");
     let mut back = Client::connect(&herald, "slow", SLOW_DEVICE).await;
