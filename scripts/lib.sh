@@ -75,6 +75,80 @@ build_test_guests() {
     done
 }
 
+# Builds the Python and JavaScript example plugins (guests/python, guests/javascript) into
+# target/language-guests/word_filter_py.wasm and word_filter_js.wasm, where the runtime's
+# tests and benchmarks load them from. The tools are installed from the project's own pinned
+# files, under target/language-guests: componentize-py (guests/python/requirements.txt) in a
+# virtualenv, jco with componentize-js (guests/javascript/package-lock.json) by `npm ci`.
+# Both build against the world `message-policy-plugin` of proto/wit by path; the contract
+# version is read from the WIT, never written down. A component is rebuilt only when a file
+# it is built from is newer. Needs python3 (with venv) and node/npm; dies when a tool cannot
+# be installed or a build fails.
+build_language_guests() {
+    local out=target/language-guests
+    local wit=proto/wit
+    mkdir -p "$out"
+    command -v python3 >/dev/null 2>&1 || die "python3 is needed to build the Python guests (apt-get install -y python3 python3-venv)"
+    command -v npm >/dev/null 2>&1 || die "node and npm are needed to build the JavaScript guests (apt-get install -y nodejs npm)"
+
+    # componentize-py, at the version requirements.txt pins, in target/language-guests/venv.
+    local venv=$out/venv
+    if ! cmp -s guests/python/requirements.txt "$venv/requirements.txt" 2>/dev/null; then
+        say "installing componentize-py (guests/python/requirements.txt) into $venv"
+        rm -rf "$venv"
+        python3 -m venv "$venv" >&2 || die "could not create a Python virtualenv in $venv (apt-get install -y python3-venv)"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check -r guests/python/requirements.txt >&2 \
+            || die "could not install componentize-py from PyPI (guests/python/requirements.txt)"
+        cp guests/python/requirements.txt "$venv/requirements.txt"
+    fi
+    "$venv/bin/componentize-py" --version >/dev/null 2>&1 || die "componentize-py in $venv does not run; remove $venv and retry"
+
+    # jco + componentize-js, exactly as package-lock.json pins them, in target/language-guests/js-tools.
+    local js=$out/js-tools
+    if ! cmp -s guests/javascript/package-lock.json "$js/package-lock.json" 2>/dev/null \
+        || [ ! -x "$js/node_modules/.bin/jco" ]; then
+        say "installing jco and componentize-js (guests/javascript/package-lock.json) into $js"
+        rm -rf "$js"
+        mkdir -p "$js"
+        cp guests/javascript/package.json guests/javascript/package-lock.json "$js/"
+        (cd "$js" && npm ci --no-audit --no-fund --loglevel=error) >&2 \
+            || die "could not install jco/componentize-js from npm (guests/javascript/package-lock.json)"
+    fi
+    [ -x "$js/node_modules/.bin/jco" ] || die "npm ci did not install jco into $js"
+
+    local version
+    version=$(sed -n 's/^package herald:plugin@\([^;]*\);.*/\1/p' "$wit"/*.wit)
+    version=${version%%$'\n'*}
+    [ -n "$version" ] || die "no \`package herald:plugin@VERSION;\` line in $wit"
+
+    local py_out=$out/word_filter_py.wasm
+    if [ ! -f "$py_out" ] || [ -n "$(find guests/python "$wit" -newer "$py_out" -type f -not -path '*/__pycache__/*' | head -n 1)" ]; then
+        say "building guests/python/word-filter with componentize-py"
+        "$venv/bin/componentize-py" -d "$wit" -w message-policy-plugin componentize \
+            -p guests/python/word-filter -p guests/python word_filter -o "$py_out.tmp" >&2 \
+            || die "componentize-py failed to build guests/python/word-filter"
+        mv "$py_out.tmp" "$py_out"
+        find guests/python -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
+    fi
+
+    local js_out=$out/word_filter_js.wasm
+    if [ ! -f "$js_out" ] || [ -n "$(find guests/javascript "$wit" -newer "$js_out" -type f | head -n 1)" ]; then
+        say "building guests/javascript/word-filter with jco componentize"
+        # Staged beside node_modules (so the bundler finds smol-toml); componentize-js names
+        # imports with their version, so the staged helper gets the WIT's. HTTP is disabled:
+        # Herald serves no wasi:http (a plugin has no network), so the component must not
+        # import it.
+        rm -rf "$js/src"
+        mkdir -p "$js/src"
+        cp -r guests/javascript/herald-plugin.js guests/javascript/word-filter "$js/src/"
+        sed -i "s#'herald:plugin/host'#'herald:plugin/host@$version'#" "$js/src/herald-plugin.js"
+        "$js/node_modules/.bin/jco" componentize --bundle "$js/src/word-filter/word-filter.js" \
+            --wit "$wit" --world-name message-policy-plugin --disable http fetch-event -o "$js_out.tmp" >&2 \
+            || die "jco componentize failed to build guests/javascript/word-filter"
+        mv "$js_out.tmp" "$js_out"
+    fi
+}
+
 # Starts the release build of Herald (or the binary the shell variable `herald_bin` names)
 # in dev mode on 127.0.0.1:$1 with data dir $2 (further arguments are VAR=value settings
 # for it), waits until it answers, and sets $server (its process id). The scripts' own

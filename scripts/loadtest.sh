@@ -32,11 +32,21 @@
 # ephemeral ports (net.ipv4.ip_local_port_range).
 #
 #   scripts/loadtest.sh idle
+#
+# Reloads nobody feels (issue 17): the same fresh Herald with all four first-party plugins,
+# 1,000 users at 5,000 msgs/s for RELOAD_SECONDS (default 30) twice: once untouched, once
+# with room-rate-limit's manifest changed every second (each change is a new version,
+# loaded and swapped in while the load runs). It prints both runs' send→deliver latency,
+# the ratio of their p99s (target: at most 1.2), how many versions were swapped in, and
+# every plugin's failed calls (target: none), and fails when a target is missed.
+#
+#   scripts/loadtest.sh reloads
 set -euo pipefail
 mode=pairs
 case "${1:-}" in
     rooms) mode=rooms; shift ;;
     idle) mode=idle; shift ;;
+    reloads) mode=reloads; shift; HERALD_LOADTEST_PLUGINS=1 ;;
 esac
 devices=${IDLE_DEVICES:-10000}
 # A relative REPORT is relative to where the script was started, not to the repository.
@@ -55,7 +65,7 @@ if [ "${HERALD_LOADTEST_PLUGINS:-0}" = 1 ]; then
 fi
 port=${HERALD_LOADTEST_PORT:-7099}
 trap 'stop_herald; rm -rf "$data"' EXIT
-if [ "$mode" != pairs ]; then
+if [ "$mode" = rooms ] || [ "$mode" = idle ]; then
     # Before Herald starts, so that it inherits the limit too. The limit is per process:
     # herald-loadgen and Herald (and the relay) each hold one descriptor per connection.
     connections=10000
@@ -114,6 +124,48 @@ if [ "$mode" = idle ]; then
     later=$(rss_kib "$server")
     per_device=$(( (peak - before) * 1024 / devices ))
     say "idle memory, $devices devices at $rate msgs/s, $(nproc) cores: Herald resident $((before / 1024)) MiB before, $((peak / 1024)) MiB at the peak with them connected: $((per_device / 1024)).$(( (per_device % 1024) * 10 / 1024 )) KiB per device; $((left / 1024)) MiB as they left, $((later / 1024)) MiB a minute later"
+    exit 0
+fi
+if [ "$mode" = reloads ]; then
+    seconds=${RELOAD_SECONDS:-30}
+    results=$(mktemp -d)
+    reloader=
+    trap '[ -z "$reloader" ] || kill "$reloader" 2>/dev/null; stop_herald; rm -rf "$data" "$results"' EXIT
+    steady() {
+        target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 \
+            --duration "${seconds}s" --quiet "$@" | tail -n 1
+    }
+    latency() {
+        jq -r '"p50 \(.latency.p50_us / 10 | round / 100) ms, p99 \(.latency.p99_us / 10 | round / 100) ms, p999 \(.latency.p999_us / 10 | round / 100) ms (\(.sent_per_s) msg/s sent, \(.delivered_per_s) delivered)"' "$1"
+    }
+    say "1) 1,000 users at 5,000 msgs/s with all four plugins, ${seconds} s, no reload"
+    steady "$@" >"$results/quiet"
+    manifest="$data/plugins/room-rate-limit.toml"
+    say "2) the same while room-rate-limit's manifest changes every second"
+    (
+        n=0
+        while :; do
+            n=$((n + 1))
+            printf '# reload %d\n' "$n" >>"$manifest"
+            sleep 1
+        done
+    ) &
+    reloader=$!
+    steady "$@" >"$results/reloading"
+    kill "$reloader"
+    reloader=
+    plugins=$(curl -sf -H 'authorization: Bearer dev-key' "http://127.0.0.1:$port/admin/plugins") \
+        || die "GET /admin/plugins failed"
+    reloads=$(grep -c '^# reload' "$manifest")
+    failures=$(jq '[.plugins[].failures] | add' <<<"$plugins")
+    say "without reloads: $(latency "$results/quiet")"
+    say "with ${reloads} reloads: $(latency "$results/reloading")"
+    ratio=$(jq -rn --slurpfile a "$results/quiet" --slurpfile b "$results/reloading" \
+        '($b[0].latency.p99_us / $a[0].latency.p99_us * 100 | round) / 100')
+    say "p99 with reloads / without: x${ratio} (target at most x1.2); failed plugin calls: ${failures} (target 0): $(jq -c '[.plugins[] | {(.name): .failures}] | add' <<<"$plugins")"
+    say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; load generator on the same box"
+    jq -e -n --argjson r "$ratio" --argjson f "$failures" '$r <= 1.2 and $f == 0' >/dev/null \
+        || die "a target was missed"
     exit 0
 fi
 say "1) 1,000 users at a steady 5,000 msgs/s"

@@ -21,6 +21,7 @@ ensure_chromium
 ensure_promtool
 build_plugins debug
 build_test_guests
+build_language_guests
 
 say "formatting (rustfmt.toml; \`cargo fmt --all\` fixes it)"
 for manifest in Cargo.toml plugins/Cargo.toml host/plugin-runtime/tests/guests/Cargo.toml; do
@@ -42,6 +43,10 @@ if [ -f plugins/Cargo.toml ]; then
     say "plugin unit tests (native, with the SDK's test kit)"
     cargo test --manifest-path plugins/Cargo.toml --locked
 fi
+
+say "herald-sdk packs as a crate of its own (no path dependencies, its own copy of the contract)"
+cargo package -p herald-sdk --no-verify --allow-dirty --locked >/dev/null 2>&1 \
+    || die "herald-sdk does not package: run cargo package -p herald-sdk --no-verify --allow-dirty to see why"
 
 say "workspace tests"
 [ "${1:-}" = "--" ] && shift

@@ -44,13 +44,40 @@ enum PluginCommand {
         /// The plugin's .wasm file (its manifest NAME.toml may sit beside it).
         file: PathBuf,
     },
+    /// Run a recording (`POST /admin/plugins/NAME/recording`) through a plugin and print
+    /// every decision that differs from the recorded one; exits non-zero when any does.
+    Replay {
+        /// The plugin's .wasm file (its manifest NAME.toml may sit beside it).
+        plugin: PathBuf,
+        /// The recording, a JSON-lines file.
+        recording: PathBuf,
+        /// Print the whole report as JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Scaffold a new plugin crate that builds against herald-sdk.
+    ///
+    /// By default the SDK this binary carries is written into the new crate's `herald-sdk/`
+    /// folder, so the crate builds anywhere, offline. Or name another SDK: a folder, a git
+    /// repository, or a registry version.
     New {
         /// The plugin's name (a crate name, e.g. `word-filter`).
         name: String,
         /// Folder to create it in.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
+        /// Use the herald-sdk crate in this folder (e.g. a Herald checkout's `sdk/`).
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["sdk_git", "sdk_version"])]
+        sdk_path: Option<PathBuf>,
+        /// Use herald-sdk from this git repository (the Herald workspace).
+        #[arg(long, value_name = "URL", conflicts_with = "sdk_version")]
+        sdk_git: Option<String>,
+        /// With --sdk-git: the branch, tag or commit.
+        #[arg(long, value_name = "REV", requires = "sdk_git")]
+        sdk_rev: Option<String>,
+        /// Use herald-sdk from the registry, at this version requirement (e.g. `0.1`).
+        #[arg(long, value_name = "REQ")]
+        sdk_version: Option<String>,
     },
 }
 
@@ -133,9 +160,26 @@ async fn run(command: Command) -> anyhow::Result<()> {
             print_report(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        Command::Plugin(PluginCommand::New { name, dir }) => {
-            let sdk = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk");
-            let sdk = herald_plugin_runtime::SdkDependency::Path(sdk.canonicalize().unwrap_or(sdk));
+        Command::Plugin(PluginCommand::Replay { plugin, recording, json }) => {
+            let report = herald_plugin_runtime::replay(&plugin, &recording).await?;
+            if json {
+                print_report(&serde_json::to_string_pretty(&report)?);
+            } else {
+                print_report(&replay_text(&report));
+            }
+            match report.differences.len() {
+                0 => Ok(()),
+                n => anyhow::bail!("{n} of {} replayed decisions differ from the recording", report.replayed),
+            }
+        }
+        Command::Plugin(PluginCommand::New { name, dir, sdk_path, sdk_git, sdk_rev, sdk_version }) => {
+            use herald_plugin_runtime::SdkDependency;
+            let sdk = match (sdk_path, sdk_git, sdk_version) {
+                (Some(path), _, _) => SdkDependency::Path(path),
+                (_, Some(url), _) => SdkDependency::Git { url, rev: sdk_rev },
+                (_, _, Some(requirement)) => SdkDependency::Version(requirement),
+                _ => SdkDependency::Bundled,
+            };
             let created = herald_plugin_runtime::scaffold(&name, &dir, &sdk)?;
             eprintln!(
                 "herald: created {}; build it with: cargo build --target wasm32-wasip2 --release --manifest-path {}/Cargo.toml",
@@ -156,6 +200,42 @@ async fn run(command: Command) -> anyhow::Result<()> {
 }
 
 /// The CLI's answer goes to stdout, where a script can read it.
+/// A replay report for people: what was replayed, then each difference on a few lines.
+fn replay_text(report: &herald_plugin_runtime::ReplayReport) -> String {
+    use std::fmt::Write;
+    let header = &report.recording;
+    let mut text = format!(
+        "recording of {} {} ({}, contract {}), {} records; replayed through {} {} ({})\n\
+         {} replayed, {} skipped (hooks the plugin does not export), {} differ\n",
+        header.plugin,
+        header.version,
+        header.content_hash,
+        header.contract,
+        report.records,
+        report.plugin,
+        report.version,
+        report.content_hash,
+        report.replayed,
+        report.skipped,
+        report.differences.len(),
+    );
+    if header.redacted_bodies {
+        text.push_str("(bodies were redacted when recorded: the plugin saw them empty)\n");
+    }
+    for difference in &report.differences {
+        let input = serde_json::to_string(&difference.call).unwrap_or_default();
+        let recorded = serde_json::to_string(&difference.recorded).unwrap_or_default();
+        let replayed = serde_json::to_string(&difference.replayed).unwrap_or_default();
+        let _ = write!(
+            text,
+            "\nline {}: {}\n  input:    {input}\n  recorded: {recorded}\n  now:      {replayed}\n",
+            difference.line,
+            difference.call.hook(),
+        );
+    }
+    text
+}
+
 #[allow(clippy::print_stdout, reason = "the command's output")]
 fn print_report(text: &str) {
     println!("{text}");

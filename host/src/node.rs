@@ -421,6 +421,7 @@ impl Seams {
             stores,
             Arc::new(frontier),
             Arc::clone(vitals),
+            Arc::clone(plugins) as Arc<dyn crate::delivery::filter::RecipientFilter>,
         ));
         let pipeline = Arc::new(Pipeline::new(PipelineParts {
             writer: storage.writer,

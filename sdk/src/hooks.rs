@@ -7,8 +7,8 @@
 //! (and, in cluster mode, across nodes).
 
 use crate::types::{
-    AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Health, Message, MessageDecision, RouteRequest,
-    Tier,
+    AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Delivery, Health, Message, MessageDecision,
+    RouteRequest, Tier,
 };
 
 /// Decides whether a message is stored (WIT `message-policy`).
@@ -56,4 +56,18 @@ pub trait Degrade {
 pub trait Connect {
     /// Allow or deny `request`.
     fn authorize(request: ConnectRequest) -> ConnectDecision;
+}
+
+/// Drops recipients of a stored message without touching the message (WIT
+/// `deliver-filter`, contract 0.2.0): block lists, muted rooms, age ratings.
+///
+/// Called once per message per batch of recipients — each node's share of a room's
+/// subscribers, a group's members, the one user reading history — on push, backfill and
+/// every pull alike, so a dropped recipient never gets the message by any path while the
+/// others do. The sender is never among the recipients. With several plugins, a recipient
+/// any of them drops is dropped. Keep it cheap: in a room of 10,000 it sees 10,000 ids.
+pub trait DeliverFilter {
+    /// The user ids (from `delivery.recipients`) who must not get the message; empty: all
+    /// of them get it.
+    fn filter_recipients(delivery: Delivery) -> Vec<String>;
 }

@@ -40,10 +40,12 @@ pub mod pattern;
 pub mod testkit;
 
 pub use capabilities::{clock, config, counter, kv, limiter, log};
-pub use hooks::{AnnouncePolicy, Connect, Degrade, MessagePolicy, RouteKey};
+pub use hooks::{AnnouncePolicy, Connect, Degrade, DeliverFilter, MessagePolicy, RouteKey};
 
-/// The version of the `herald:plugin` WIT package this SDK targets.
-pub const CONTRACT_VERSION: &str = "0.1.0";
+/// The version of the `herald:plugin` WIT package this SDK targets (the `package` line of
+/// `wit/herald-plugin.wit`). A Herald host serves every contract version up to its own, so
+/// a plugin built with this SDK loads on any host whose contract is this version or newer.
+pub const CONTRACT_VERSION: &str = env!("HERALD_CONTRACT_VERSION");
 
 /// The contract's data types (WIT interface `herald:plugin/types`).
 ///
@@ -51,7 +53,7 @@ pub const CONTRACT_VERSION: &str = "0.1.0";
 /// `PartialEq`.
 pub mod types {
     pub use crate::__private::bindings::herald::plugin::types::{
-        Acceptance, AnnounceDecision, Announcement, CommandKind, ConnectDecision, ConnectRequest, Health,
+        Acceptance, AnnounceDecision, Announcement, CommandKind, ConnectDecision, ConnectRequest, Delivery, Health,
         LimitDecision, LogLevel, Message, MessageDecision, Rejection, RouteRequest, Tier,
     };
 }
@@ -66,10 +68,11 @@ pub mod __private {
     #[allow(unsafe_code, missing_docs, clippy::all)]
     pub mod bindings {
         wit_bindgen::generate!({
-            path: "../proto/wit",
+            path: "wit",
             world: "guest-imports",
             generate_unused_types: true,
-            additional_derives: [PartialEq],
+            // Serde: the test kit reads recordings (`testkit::Recording`).
+            additional_derives: [PartialEq, serde::Serialize, serde::Deserialize],
         });
     }
 
@@ -94,7 +97,7 @@ include!(concat!(env!("OUT_DIR"), "/generate_hook.rs"));
 ///
 /// List the hooks the type implements (each needs its trait: `message_policy` →
 /// [`MessagePolicy`], `announce_policy` → [`AnnouncePolicy`], `route_key` → [`RouteKey`],
-/// `degrade` → [`Degrade`], `connect` → [`Connect`]). The component then exports exactly
+/// `degrade` → [`Degrade`], `connect` → [`Connect`], `deliver_filter` → [`DeliverFilter`]). The component then exports exactly
 /// those interfaces, and Herald discovers them when it loads the file.
 ///
 /// Invoke it once, at the crate root of a `cdylib` crate that depends on `herald-sdk`
@@ -195,6 +198,26 @@ macro_rules! __herald_export_hook {
             implements::<$plugin>();
         };
     };
+    (deliver_filter, $plugin:ident) => {
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        mod __herald_deliver_filter {
+            $crate::__herald_generate_hook!("deliver-filter-plugin");
+        }
+        #[cfg(target_arch = "wasm32")]
+        impl __herald_deliver_filter::exports::herald::plugin::deliver_filter::Guest for $plugin {
+            fn filter(delivery: $crate::types::Delivery) -> Vec<String> {
+                $crate::__private::enter();
+                <$plugin as $crate::DeliverFilter>::filter_recipients(delivery)
+            }
+        }
+        #[cfg(target_arch = "wasm32")]
+        __herald_deliver_filter::export!($plugin with_types_in __herald_deliver_filter);
+        const _: fn() = || {
+            fn implements<T: $crate::DeliverFilter>() {}
+            implements::<$plugin>();
+        };
+    };
     (connect, $plugin:ident) => {
         #[cfg(target_arch = "wasm32")]
         #[doc(hidden)]
@@ -218,7 +241,23 @@ macro_rules! __herald_export_hook {
     ($other:ident, $plugin:ident) => {
         compile_error!(concat!(
             "unknown hook `", stringify!($other),
-            "`: expected message_policy, announce_policy, route_key, degrade or connect"
+            "`: expected message_policy, announce_policy, route_key, degrade, connect or deliver_filter"
         ));
     };
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    /// The SDK builds from its own copy of the contract (so it builds outside this
+    /// repository); the copy must be the contract.
+    #[test]
+    fn the_sdk_carries_the_contract_verbatim() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let read = |path: &str| std::fs::read_to_string(dir.join(path)).map_err(|e| format!("{path}: {e}"));
+        assert_eq!(
+            read("wit/herald-plugin.wit"),
+            read("../proto/wit/herald-plugin.wit"),
+            "sdk/wit/herald-plugin.wit differs from proto/wit/herald-plugin.wit: copy the contract over"
+        );
+    }
 }

@@ -15,6 +15,10 @@
 //! Plugin hooks are plain associated functions, so a test calls them directly:
 //! `<MyPlugin as MessagePolicy>::check_message(testkit::message("alice", "room:lobby", "hi"))`.
 
+mod recording;
+
+pub use recording::{CallInput, CallOutput, Case, Mismatch, Recording};
+
 use crate::types::{Announcement, CommandKind, Health, LogLevel, Message, RouteRequest};
 use std::{cell::RefCell, collections::HashMap};
 

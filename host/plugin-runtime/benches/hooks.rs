@@ -7,12 +7,23 @@
 //! * `message-policy, empty pool`: the same with the pool drained first, so every call
 //!   instantiates a fresh instance (store, WASI context, instance, export lookup).
 //!
-//! The guest is `tests/guests/echo` (one `kv::get` per message), built for wasm32-wasip2
-//! into `target/plugin-guests` by this bench.
+//! * `message-policy + 1 KV, with a shadow`: the pooled call again, with `echo-v2` as its
+//!   shadow given every call: what the active path pays for handing the shadow its input.
+//! * `deliver-filter, N recipients`: the `block-list` guest (one hash lookup per
+//!   recipient) given a room's batch of N user ids, of which it drops one; the time per
+//!   call and per recipient (lowering N strings into the guest, the loop, lifting the
+//!   answer, the host's set of dropped ids).
+//!
+//! The guests are `tests/guests/echo` (one `kv::get` per message) and
+//! `tests/guests/block-list`, built for wasm32-wasip2 into `target/plugin-guests` by this
+//! bench.
 #![allow(clippy::print_stdout, clippy::unwrap_used, missing_docs)]
 
 use hdrhistogram::Histogram;
-use herald_plugin_runtime::{PluginHost, PluginHostConfig, types::Message};
+use herald_plugin_runtime::{
+    PluginHost, PluginHostConfig,
+    types::{Delivery, Message},
+};
 use std::{path::Path, process::Command, time::Instant};
 
 fn build_guests() -> std::path::PathBuf {
@@ -49,6 +60,8 @@ fn main() {
     let guests = build_guests();
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(guests.join("echo_v1.wasm"), dir.path().join("echo.wasm")).unwrap();
+    std::fs::copy(guests.join("block_list.wasm"), dir.path().join("block-list.wasm")).unwrap();
+    std::fs::write(dir.path().join("block-list.toml"), "[config.blocks]\nuser7 = [\"alice\"]\n").unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     let host = PluginHost::embedded(PluginHostConfig::default()).unwrap();
     rt.block_on(host.load_dir(dir.path())).unwrap();
@@ -84,6 +97,48 @@ fn main() {
             std::hint::black_box(d);
         }
         report("message-policy, empty pool", &h);
+
+        // The same call with a shadow attached: the active call hands the shadow its input
+        // (a clone and a task); the shadow's call runs after it, between the timed calls.
+        std::fs::copy(guests.join("echo_v2.wasm"), dir.path().join("echo.shadow.wasm")).unwrap();
+        host.reload().await.unwrap();
+        let mut h = Histogram::<u64>::new(3).unwrap();
+        for _ in 0..pooled {
+            let t = Instant::now();
+            let d = host.message_policy(&message).await;
+            h.record(t.elapsed().as_nanos() as u64).unwrap();
+            std::hint::black_box(d);
+            tokio::task::yield_now().await;
+        }
+        report("message-policy + 1 KV, with a shadow", &h);
+        let shadow = host.plugin_status("echo").and_then(|s| s.shadow).unwrap();
+        println!("{:<34} shadow compared {} calls, skipped {}", "", shadow.compared, shadow.skipped);
+        std::fs::remove_file(dir.path().join("echo.shadow.wasm")).unwrap();
+        host.reload().await.unwrap();
+
+        for recipients in [1usize, 100, 1_000, 10_000] {
+            let delivery = Delivery {
+                conversation: "room:lobby".into(),
+                seq: 1,
+                sender: "alice".into(),
+                kind: 1,
+                body: b"hello, world".to_vec(),
+                recipients: (0..recipients).map(|n| format!("user{n}")).collect(),
+            };
+            let calls = if quick { 5 } else { (2_000_000 / recipients).clamp(200, 50_000) };
+            for _ in 0..calls / 10 {
+                host.deliver_filter(&delivery).await;
+            }
+            let mut h = Histogram::<u64>::new(3).unwrap();
+            for _ in 0..calls {
+                let t = Instant::now();
+                let dropped = host.deliver_filter(&delivery).await;
+                h.record(t.elapsed().as_nanos() as u64).unwrap();
+                assert_eq!(dropped.len(), usize::from(recipients > 7));
+            }
+            report(&format!("deliver-filter, {recipients} recipients"), &h);
+            println!("{:<34} p50={:>7.1} ns per recipient", "", h.value_at_quantile(0.50) as f64 / recipients as f64);
+        }
     });
     let s = host.plugin_status("echo").unwrap();
     println!("status: calls={} failures={} p99={:?} µs", s.calls, s.failures, s.p99_call_us);

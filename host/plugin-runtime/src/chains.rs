@@ -9,17 +9,18 @@
 //! | route-key | first `Some` wins; none → built-in default |
 //! | degrade | the most degraded tier |
 //! | connect | first `deny` wins; the first user-id override applies |
+//! | deliver-filter | a recipient any plugin drops is dropped |
 
 use crate::{
     config::{FailurePolicy, Hook},
     host::PluginHost,
     plugin::{Failure, Input, Output, Plugin},
     types::{
-        Acceptance, AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Health, Message, MessageDecision,
-        Rejection, RouteRequest, Tier,
+        Acceptance, AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Delivery, Health, Message,
+        MessageDecision, Rejection, RouteRequest, Tier,
     },
 };
-use std::{borrow::Cow, sync::Arc};
+use std::{borrow::Cow, collections::HashSet, sync::Arc};
 
 /// How long a `deny` failure policy defers an announcement, ms.
 const DENY_DEFER_MS: u64 = 1_000;
@@ -39,9 +40,19 @@ impl PluginHost {
         self.inner.registry.load_full()
     }
 
-    /// Calls `plugin`; on failure returns the policy to apply.
-    async fn call(plugin: &Plugin, hook: Hook, input: Input<'_>) -> Result<Output, FailurePolicy> {
-        match plugin.invoke(input).await {
+    /// Calls `plugin`; on failure returns the policy to apply. Its shadow, if it has one,
+    /// is then given the same input (in a task of its own: this call does not wait).
+    async fn call(
+        registry: &crate::host::Registry,
+        plugin: &Plugin,
+        hook: Hook,
+        input: Input<'_>,
+    ) -> Result<Output, FailurePolicy> {
+        let result = plugin.invoke(input).await;
+        if let Some(shadow) = registry.shadows.get(&*plugin.name) {
+            shadow.offer(hook, input, &result);
+        }
+        match result {
             Ok(output) => Ok(output),
             Err(Failure { .. }) => Err(plugin.settings.failure(hook)),
         }
@@ -57,7 +68,7 @@ impl PluginHost {
         let mut current = Cow::Borrowed(message);
         let mut rewritten = false;
         for plugin in chain {
-            let decision = match Self::call(plugin, Hook::MessagePolicy, Input::Message(&current)).await {
+            let decision = match Self::call(&registry, plugin, Hook::MessagePolicy, Input::Message(&current)).await {
                 Ok(Output::Message(d)) => d,
                 Ok(_) | Err(FailurePolicy::Default) => self.inner.fallback.message_policy(&current),
                 Err(FailurePolicy::Allow) => MessageDecision::Allow,
@@ -88,12 +99,13 @@ impl PluginHost {
         }
         let mut archive = true;
         for plugin in chain {
-            let decision = match Self::call(plugin, Hook::AnnouncePolicy, Input::Announcement(announcement)).await {
-                Ok(Output::Announcement(d)) => d,
-                Ok(_) | Err(FailurePolicy::Default) => self.inner.fallback.announce_policy(announcement),
-                Err(FailurePolicy::Allow) => AnnounceDecision::Accept(Acceptance { archive: true }),
-                Err(FailurePolicy::Deny) => AnnounceDecision::Defer(DENY_DEFER_MS),
-            };
+            let decision =
+                match Self::call(&registry, plugin, Hook::AnnouncePolicy, Input::Announcement(announcement)).await {
+                    Ok(Output::Announcement(d)) => d,
+                    Ok(_) | Err(FailurePolicy::Default) => self.inner.fallback.announce_policy(announcement),
+                    Err(FailurePolicy::Allow) => AnnounceDecision::Accept(Acceptance { archive: true }),
+                    Err(FailurePolicy::Deny) => AnnounceDecision::Defer(DENY_DEFER_MS),
+                };
             match decision {
                 AnnounceDecision::Accept(a) => archive &= a.archive,
                 other => return other,
@@ -108,7 +120,9 @@ impl PluginHost {
         for plugin in &registry.chains[Hook::RouteKey.index()] {
             // `allow` and `deny` mean nothing for a key: a failure falls through to the
             // next plugin and, in the end, the built-in default.
-            if let Ok(Output::Route(Some(key))) = Self::call(plugin, Hook::RouteKey, Input::Route(request)).await {
+            if let Ok(Output::Route(Some(key))) =
+                Self::call(&registry, plugin, Hook::RouteKey, Input::Route(request)).await
+            {
                 return key;
             }
         }
@@ -124,7 +138,7 @@ impl PluginHost {
         }
         let mut worst = Tier::Normal;
         for plugin in chain {
-            let tier = match Self::call(plugin, Hook::Degrade, Input::Health(health)).await {
+            let tier = match Self::call(&registry, plugin, Hook::Degrade, Input::Health(health)).await {
                 Ok(Output::Tier(t)) => t,
                 Ok(_) | Err(FailurePolicy::Default) => self.inner.fallback.degrade(health),
                 Err(FailurePolicy::Allow) => Tier::Normal,
@@ -146,7 +160,7 @@ impl PluginHost {
         }
         let mut user_id = None;
         for plugin in chain {
-            let decision = match Self::call(plugin, Hook::Connect, Input::Connect(request)).await {
+            let decision = match Self::call(&registry, plugin, Hook::Connect, Input::Connect(request)).await {
                 Ok(Output::Connect(d)) => d,
                 Ok(_) | Err(FailurePolicy::Default) => self.inner.fallback.connect(request),
                 Err(FailurePolicy::Allow) => ConnectDecision::Allow(None),
@@ -160,5 +174,25 @@ impl PluginHost {
             }
         }
         ConnectDecision::Allow(user_id)
+    }
+
+    /// The recipients of `delivery` who must not get it: those any plugin drops (only ids
+    /// among `delivery.recipients` count). Without a plugin, none. A failing plugin drops
+    /// none under `allow` or `default`, and all under `deny`.
+    pub async fn deliver_filter(&self, delivery: &Delivery) -> HashSet<String> {
+        let registry = self.snapshot();
+        let mut dropped = HashSet::new();
+        for plugin in &registry.chains[Hook::DeliverFilter.index()] {
+            match Self::call(&registry, plugin, Hook::DeliverFilter, Input::Delivery(delivery)).await {
+                Ok(Output::Dropped(ids)) => dropped.extend(ids),
+                Ok(_) | Err(FailurePolicy::Allow | FailurePolicy::Default) => {}
+                Err(FailurePolicy::Deny) => return delivery.recipients.iter().cloned().collect(),
+            }
+        }
+        if !dropped.is_empty() {
+            let recipients: HashSet<&String> = delivery.recipients.iter().collect();
+            dropped.retain(|id| recipients.contains(id));
+        }
+        dropped
     }
 }

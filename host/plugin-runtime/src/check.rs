@@ -1,12 +1,11 @@
 //! Helpers behind `herald plugin check FILE.wasm` and `herald plugin new NAME`.
 
 use crate::{
-    CONTRACT_VERSION,
     config::{Hook, PluginHostConfig},
     error::PluginError,
     host::PluginHost,
     plugin::{Input, Output, Plugin, Source},
-    types::{Announcement, CommandKind, ConnectRequest, Health, Message, RouteRequest},
+    types::{Announcement, CommandKind, ConnectRequest, Delivery, Health, Message, RouteRequest},
 };
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -64,7 +63,7 @@ pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
     let source = tokio::task::spawn_blocking(move || Source::read(file))
         .await
         .map_err(|e| PluginError::Task(e.to_string()))??;
-    let plugin = Plugin::load(&host.inner.runtime, source, &host.inner.deps).await?;
+    let plugin = Plugin::load(&host.inner.runtime, source, &host.inner.deps, None, &[]).await?;
     let message = sample_message();
     let announcement = Announcement {
         room: "room:lobby".into(),
@@ -85,6 +84,14 @@ pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
     };
     let connect =
         ConnectRequest { user: "alice".into(), device: "phone".into(), claims: vec![("sub".into(), "alice".into())] };
+    let delivery = Delivery {
+        conversation: "room:lobby".into(),
+        seq: 42,
+        sender: "alice".into(),
+        kind: 1,
+        body: b"hello".to_vec(),
+        recipients: vec!["bob".into(), "carol".into()],
+    };
     let mut samples = Vec::new();
     for hook in plugin.hooks.clone() {
         let (input, text) = match hook {
@@ -93,6 +100,7 @@ pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
             Hook::RouteKey => (Input::Route(&route), format!("{route:?}")),
             Hook::Degrade => (Input::Health(&health), format!("{health:?}")),
             Hook::Connect => (Input::Connect(&connect), format!("{connect:?}")),
+            Hook::DeliverFilter => (Input::Delivery(&delivery), format!("{delivery:?}")),
         };
         let outcome = match plugin.invoke(input).await {
             Ok(Output::Message(d)) => Ok(format!("{d:?}")),
@@ -100,6 +108,7 @@ pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
             Ok(Output::Route(d)) => Ok(format!("{d:?}")),
             Ok(Output::Tier(d)) => Ok(format!("{d:?}")),
             Ok(Output::Connect(d)) => Ok(format!("{d:?}")),
+            Ok(Output::Dropped(d)) => Ok(format!("drop {d:?}")),
             Err(f) => Err(f.message),
         };
         samples.push(SampleRun { hook, input: text, outcome });
@@ -107,7 +116,7 @@ pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
     Ok(CheckReport {
         name: plugin.name.to_string(),
         version: plugin.settings.version.clone(),
-        contract_version: CONTRACT_VERSION.to_owned(),
+        contract_version: plugin.contract.version().to_owned(),
         content_hash: plugin.content_hash.clone(),
         hooks: plugin.hooks.clone(),
         imports: plugin.imports.clone(),
@@ -116,9 +125,14 @@ pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
 }
 
 /// Where a scaffolded plugin gets `herald-sdk` from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum SdkDependency {
-    /// A local checkout's `sdk/` folder.
+    /// The SDK this binary carries, written into the plugin's folder as `herald-sdk/` and
+    /// depended on by relative path: the folder builds wherever it is cloned, offline, with
+    /// the host's own contract. The default.
+    #[default]
+    Bundled,
+    /// A folder holding the `herald-sdk` crate (a checkout's `sdk/`).
     Path(PathBuf),
     /// A git repository holding the Herald workspace.
     Git {
@@ -131,14 +145,62 @@ pub enum SdkDependency {
     Version(String),
 }
 
+/// What scaffolded plugins name the bundled SDK's folder.
+const BUNDLED_SDK_DIR: &str = "herald-sdk";
+
 impl SdkDependency {
     fn toml(&self) -> String {
         let quote = |s: &str| toml::Value::String(s.to_owned()).to_string();
         match self {
+            SdkDependency::Bundled => format!("{{ path = {} }}", quote(BUNDLED_SDK_DIR)),
             SdkDependency::Path(p) => format!("{{ path = {} }}", quote(&p.to_string_lossy())),
             SdkDependency::Git { url, rev: Some(rev) } => format!("{{ git = {}, rev = {} }}", quote(url), quote(rev)),
             SdkDependency::Git { url, rev: None } => format!("{{ git = {} }}", quote(url)),
             SdkDependency::Version(v) => quote(v),
+        }
+    }
+
+    /// Checks that the SDK can be found there, before anything is written: a folder must
+    /// hold the `herald-sdk` crate (a relative one is made absolute, as the plugin's
+    /// `Cargo.toml` would read it from elsewhere), and a git repository must answer
+    /// `git ls-remote`. A registry requirement is left to cargo.
+    ///
+    /// # Errors
+    /// [`ScaffoldError::SdkNotFound`] saying where it looked and what it found.
+    pub fn resolve(self) -> Result<Self, ScaffoldError> {
+        match self {
+            SdkDependency::Path(dir) => {
+                let not_found = |why: String| ScaffoldError::SdkNotFound { at: dir.display().to_string(), why };
+                let manifest = dir.join("Cargo.toml");
+                let text = std::fs::read_to_string(&manifest)
+                    .map_err(|e| not_found(format!("cannot read {}: {e}", manifest.display())))?;
+                let name = text
+                    .parse::<toml::Table>()
+                    .ok()
+                    .and_then(|t| t.get("package")?.get("name")?.as_str().map(str::to_owned));
+                if name.as_deref() != Some("herald-sdk") {
+                    return Err(not_found(format!(
+                        "{} is not herald-sdk's manifest (package name {name:?}); give the SDK's own folder, \
+                         e.g. a Herald checkout's sdk/",
+                        manifest.display()
+                    )));
+                }
+                let absolute = dir.canonicalize().map_err(|e| not_found(e.to_string()))?;
+                Ok(SdkDependency::Path(absolute))
+            }
+            SdkDependency::Git { url, rev } => {
+                let output = std::process::Command::new("git")
+                    .args(["ls-remote", "--exit-code", "--", &url])
+                    .stdin(std::process::Stdio::null())
+                    .output();
+                let why = match output {
+                    Ok(out) if out.status.success() => return Ok(SdkDependency::Git { url, rev }),
+                    Ok(out) => format!("git ls-remote failed: {}", String::from_utf8_lossy(&out.stderr).trim()),
+                    Err(e) => format!("cannot run git: {e}"),
+                };
+                Err(ScaffoldError::SdkNotFound { at: url, why })
+            }
+            other => Ok(other),
         }
     }
 }
@@ -152,6 +214,14 @@ pub enum ScaffoldError {
     /// The target folder exists.
     #[error("{0} already exists; choose another name or folder")]
     Exists(PathBuf),
+    /// The SDK is not where it was said to be.
+    #[error("herald-sdk not found at {at}: {why}")]
+    SdkNotFound {
+        /// The path or URL given.
+        at: String,
+        /// What was found instead.
+        why: String,
+    },
     /// Writing failed.
     #[error("writing {path}: {source}")]
     Io {
@@ -224,8 +294,9 @@ mod tests {
 "##;
 
 /// Writes a new plugin crate `dir/name` (Cargo.toml, src/lib.rs with a tested
-/// message-policy example, and `plugin.toml`) that depends on `herald-sdk` via `sdk`.
-/// Returns the crate folder.
+/// message-policy example, and `plugin.toml`) that depends on `herald-sdk` via `sdk`
+/// (checked first: see [`SdkDependency::resolve`]; [`SdkDependency::Bundled`] also writes
+/// the SDK into the crate's `herald-sdk/`). Returns the crate folder.
 ///
 /// # Errors
 /// [`ScaffoldError`] for a bad name, an existing folder, or a failed write.
@@ -241,6 +312,7 @@ pub fn scaffold(name: &str, dir: impl AsRef<Path>, sdk: &SdkDependency) -> Resul
     if root.exists() {
         return Err(ScaffoldError::Exists(root));
     }
+    let sdk = sdk.clone().resolve()?;
     let crate_name = name.replace('-', "_");
     let cargo = format!(
         r#"[package]
@@ -300,6 +372,10 @@ blocked_words = ["spam"]
         }
         std::fs::write(&path, text).map_err(|source| ScaffoldError::Io { path, source })?;
     }
+    if sdk == SdkDependency::Bundled {
+        let at = root.join(BUNDLED_SDK_DIR);
+        crate::bundled_sdk::write_to(&at).map_err(|source| ScaffoldError::Io { path: at, source })?;
+    }
     Ok(root)
 }
 
@@ -319,5 +395,43 @@ mod tests {
         assert!(matches!(scaffold("my-plugin", dir, &sdk), Err(ScaffoldError::Exists(_))));
         let cargo = std::fs::read_to_string(dir.join("my-plugin/Cargo.toml")).unwrap_or_default();
         assert!(cargo.contains("herald-sdk = \"0.1\""), "{cargo}");
+    }
+
+    #[test]
+    fn the_default_sdk_is_written_into_the_plugin_and_depended_on_by_relative_path() {
+        let dir = tempfile::tempdir().ok();
+        let dir = dir.as_ref().map_or(Path::new("."), |d| d.path());
+        let root = scaffold("word-filter", dir, &SdkDependency::default()).ok();
+        let root = root.as_deref().unwrap_or(Path::new("/nonexistent"));
+        let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap_or_default();
+        assert!(cargo.contains(r#"herald-sdk = { path = "herald-sdk" }"#), "{cargo}");
+        let sdk = std::fs::read_to_string(root.join("herald-sdk/Cargo.toml")).unwrap_or_default();
+        assert!(sdk.contains(r#"name = "herald-sdk""#), "{sdk}");
+        assert!(root.join("herald-sdk/wit/herald-plugin.wit").exists());
+    }
+
+    #[test]
+    fn an_sdk_that_cannot_be_found_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().ok();
+        let dir = dir.as_ref().map_or(Path::new("."), |d| d.path());
+        let missing = SdkDependency::Path(dir.join("no-such-sdk"));
+        let error = scaffold("a", dir, &missing).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("herald-sdk not found at") && error.contains("no-such-sdk"), "{error}");
+        assert!(!dir.join("a").exists());
+        // A folder that is some other crate.
+        let other = dir.join("other");
+        std::fs::create_dir_all(&other).ok();
+        std::fs::write(other.join("Cargo.toml"), "[package]\nname = \"serde\"\n").ok();
+        let error = scaffold("b", dir, &SdkDependency::Path(other)).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("not herald-sdk's manifest"), "{error}");
+        // A git repository that does not answer.
+        let git = SdkDependency::Git { url: dir.join("no-repo").display().to_string(), rev: None };
+        let error = scaffold("c", dir, &git).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("herald-sdk not found at") && error.contains("no-repo"), "{error}");
+        // The SDK folder of this checkout is found.
+        let sdk = SdkDependency::Path(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk"));
+        assert!(scaffold("d", dir, &sdk).is_ok());
+        let cargo = std::fs::read_to_string(dir.join("d/Cargo.toml")).unwrap_or_default();
+        assert!(!cargo.contains(".."), "the path is made absolute: {cargo}");
     }
 }

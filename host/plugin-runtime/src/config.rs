@@ -20,12 +20,14 @@ pub enum Hook {
     Degrade,
     /// `connect`: authorize a connection.
     Connect,
+    /// `deliver-filter`: drop recipients of a stored message (contract 0.2.0).
+    DeliverFilter,
 }
 
 impl Hook {
     /// Every hook, in contract order.
-    pub const ALL: [Hook; 5] =
-        [Hook::MessagePolicy, Hook::AnnouncePolicy, Hook::RouteKey, Hook::Degrade, Hook::Connect];
+    pub const ALL: [Hook; 6] =
+        [Hook::MessagePolicy, Hook::AnnouncePolicy, Hook::RouteKey, Hook::Degrade, Hook::Connect, Hook::DeliverFilter];
 
     /// The WIT interface name, e.g. `message-policy`.
     pub fn wit_name(self) -> &'static str {
@@ -35,6 +37,7 @@ impl Hook {
             Hook::RouteKey => "route-key",
             Hook::Degrade => "degrade",
             Hook::Connect => "connect",
+            Hook::DeliverFilter => "deliver-filter",
         }
     }
 
@@ -60,10 +63,13 @@ impl fmt::Display for Hook {
 #[serde(rename_all = "kebab-case")]
 pub enum FailurePolicy {
     /// The permissive answer: message allowed, announcement accepted and archived, tier
-    /// normal, connection allowed. For `route-key` the same as `default`.
+    /// normal, connection allowed, no recipient dropped. For `route-key` the same as
+    /// `default`.
     Allow,
     /// The restrictive answer: message rejected (`plugin-failed`), announcement deferred
-    /// one second, tier pull-only, connection denied. For `route-key` the same as `default`.
+    /// one second, tier pull-only, connection denied, every recipient dropped (the message
+    /// stays stored; it reaches them once the filter answers again). For `route-key` the
+    /// same as `default`.
     Deny,
     /// The host's built-in default ([`crate::Fallback`]), as if the plugin were absent.
     #[default]
@@ -138,6 +144,51 @@ pub struct PluginOverride {
     pub config: toml::Table,
 }
 
+/// What a shadow version is given: the same inputs as the active version, sampled and
+/// budgeted so that it never delays a call (its calls run in tasks of their own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShadowPolicy {
+    /// The shadow gets one call in `every` of the active version's (1: all of them; a
+    /// stateful plugin, such as a rate limiter, is only comparable at 1).
+    pub every: u64,
+    /// Shadow calls running at once at most; a call beyond is skipped (and counted).
+    pub max_in_flight: usize,
+    /// Examples kept per kind of difference.
+    pub examples: usize,
+}
+
+impl Default for ShadowPolicy {
+    fn default() -> Self {
+        Self { every: 1, max_in_flight: 64, examples: 3 }
+    }
+}
+
+/// How a version promoted from shadow is watched: for `window_ms` after the promotion, once
+/// it has served `min_calls` calls, a failure ratio above `max_failure_ratio` or a call p99
+/// above the larger of `min_p99_us` and `p99_factor` × the previous version's p99 rolls it
+/// back to the previous version, by itself, logging why.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CanaryPolicy {
+    /// How long a promoted version is watched, ms.
+    pub window_ms: u64,
+    /// Calls it must have served before it is judged.
+    pub min_calls: u64,
+    /// Failed calls (traps, deadlines, limits) over all calls that roll it back.
+    pub max_failure_ratio: f64,
+    /// Its call p99 may be this many times the previous version's.
+    pub p99_factor: f64,
+    /// A p99 under this is never too slow, µs.
+    pub min_p99_us: u64,
+}
+
+impl Default for CanaryPolicy {
+    fn default() -> Self {
+        Self { window_ms: 60_000, min_calls: 20, max_failure_ratio: 0.05, p99_factor: 3.0, min_p99_us: 5_000 }
+    }
+}
+
 /// The plugin runtime's configuration (the host's `[plugin_runtime]` section).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -161,6 +212,10 @@ pub struct PluginHostConfig {
     pub max_instances: u32,
     /// Quarantine rule.
     pub quarantine: QuarantinePolicy,
+    /// How much of the active version's traffic a shadow version (`NAME.shadow.wasm`) sees.
+    pub shadow: ShadowPolicy,
+    /// How a promoted version is watched, and when it is rolled back by itself.
+    pub canary: CanaryPolicy,
     /// Debounce of the plugins-folder watcher, ms.
     pub watch_debounce_ms: u64,
     /// Per-plugin overrides, by plugin name.
@@ -177,6 +232,8 @@ impl Default for PluginHostConfig {
             pooling: true,
             max_instances: 1_000,
             quarantine: QuarantinePolicy::default(),
+            shadow: ShadowPolicy::default(),
+            canary: CanaryPolicy::default(),
             watch_debounce_ms: 200,
             plugins: BTreeMap::new(),
         }

@@ -34,6 +34,8 @@ const TABLE_KEEP_RESIDENT: usize = 64 * 1024;
 pub(crate) struct Runtime {
     pub engine: Engine,
     pub linker: Linker<StoreState>,
+    /// Components compiled so far (a reload that changes only a manifest compiles nothing).
+    pub compilations: std::sync::atomic::AtomicU64,
     _ticker: EpochTicker,
 }
 
@@ -86,8 +88,16 @@ impl Runtime {
         // empty WasiCtx (no preopens, env, args or sockets; the host's clock).
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(engine_err)?;
         AllHooks::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |s| s).map_err(engine_err)?;
+        // Plugins built for contract 0.1.0 import `host@0.1.0` (the same functions) and
+        // `types@0.1.0` (types only: an empty instance).
+        herald_plugin_bindings::v0_1::herald::plugin::host::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(engine_err)?;
+        linker.instance("herald:plugin/types@0.1.0").map_err(engine_err)?;
         let ticker = EpochTicker::start(engine.clone(), config.epoch_tick())?;
-        Ok(Self { engine, linker, _ticker: ticker })
+        Ok(Self { engine, linker, compilations: std::sync::atomic::AtomicU64::new(0), _ticker: ticker })
     }
 }
 

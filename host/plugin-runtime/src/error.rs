@@ -1,7 +1,7 @@
 //! Errors of loading and managing plugins. Calls never return errors to the host: a failed
 //! call is answered by the hook's failure policy and shows in [`crate::PluginStatus`].
 
-use crate::CONTRACT_VERSION;
+use crate::{CONTRACT_VERSION, OLDEST_CONTRACT_VERSION};
 use std::path::PathBuf;
 
 /// Why a plugin could not be loaded, reloaded or watched. Every message names the plugin
@@ -42,15 +42,15 @@ pub enum PluginError {
     },
     /// Built against another version of the `herald:plugin` contract.
     #[error(
-        "plugin `{name}` was built for herald:plugin@{found}, but this host supports herald:plugin@{supported}; \
-         rebuild it against herald-sdk for contract {supported}"
+        "plugin `{name}` was built for herald:plugin@{found}, but this host supports herald:plugin@{OLDEST_CONTRACT_VERSION} to \
+         herald:plugin@{supported}; rebuild it against herald-sdk for contract {supported}, or run a newer host"
     )]
     UnsupportedContract {
         /// The plugin.
         name: String,
         /// The contract version the plugin was built for.
         found: String,
-        /// The version this host supports.
+        /// The newest version this host supports (it supports every one from 0.1.0 on).
         supported: &'static str,
     },
     /// Imports something outside the sandbox.
@@ -64,14 +64,36 @@ pub enum PluginError {
         /// The import's name.
         import: String,
     },
+    /// A recording that cannot be read or is not of the format.
+    #[error("recording {path}: {message}")]
+    Recording {
+        /// The recording.
+        path: PathBuf,
+        /// What is wrong, with the line.
+        message: String,
+    },
     /// Exports none of the hooks.
     #[error(
         "plugin `{name}` exports no Herald hook; export at least one of herald:plugin/{{message-policy, \
-         announce-policy, route-key, degrade, connect}}@{CONTRACT_VERSION} (herald_sdk::export_plugin!)"
+         announce-policy, route-key, degrade, connect, deliver-filter}}@{CONTRACT_VERSION} \
+         (herald_sdk::export_plugin!)"
     )]
     NoHooks {
         /// The plugin.
         name: String,
+    },
+    /// Names two contract versions in its imports and exports.
+    #[error(
+        "plugin `{name}` mixes contract versions herald:plugin@{first} and herald:plugin@{second}; \
+         build it against one version of herald-sdk"
+    )]
+    MixedContracts {
+        /// The plugin.
+        name: String,
+        /// The version named first.
+        first: &'static str,
+        /// Another version named.
+        second: &'static str,
     },
     /// The exports differ from the manifest's `hooks`.
     #[error("plugin `{name}`: its manifest claims hooks [{claimed}] but the component exports [{exported}]")]

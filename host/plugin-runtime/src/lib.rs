@@ -6,7 +6,7 @@
 //!   contract and its sidecar manifest `NAME.toml` ([`Manifest`]), and pre-instantiates it.
 //! * **Calling** — [`PluginHost::message_policy`], [`announce_policy`](PluginHost::announce_policy),
 //!   [`route_key`](PluginHost::route_key), [`degrade`](PluginHost::degrade) and
-//!   [`connect`](PluginHost::connect) run the hook's plugins in order, each call on an
+//!   [`connect`](PluginHost::connect) and [`deliver_filter`](PluginHost::deliver_filter) run the hook's plugins in order, each call on an
 //!   instance from the plugin's pool (instantiated only when the pool is empty).
 //! * **Sandbox** — per-call deadline (epoch interruption), memory and table caps, a cap on
 //!   host calls per call, no files, network or environment. A failed call costs only
@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod bundled_sdk;
 mod chains;
 mod check;
 mod clock;
@@ -35,6 +36,9 @@ mod kv;
 mod limiter;
 mod manifest;
 mod plugin;
+mod recording;
+mod replay;
+mod shadow;
 mod state;
 mod stats;
 mod status;
@@ -42,24 +46,35 @@ mod watch;
 
 pub use check::{CheckReport, SampleRun, ScaffoldError, SdkDependency, check, scaffold};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{FailurePolicy, Hook, Limits, PluginHostConfig, PluginOverride, QuarantinePolicy};
+pub use config::{
+    CanaryPolicy, FailurePolicy, Hook, Limits, PluginHostConfig, PluginOverride, QuarantinePolicy, ShadowPolicy,
+};
 pub use error::PluginError;
 pub use fallback::{BuiltinDefaults, Fallback};
 pub use host::PluginHost;
 pub use kv::{KvError, KvLimits, MemoryKv, PluginKv};
 pub use limiter::{Limit, LimiterError, MemoryLimiter, RateLimiter};
 pub use manifest::{LimitsPatch, Manifest};
+pub use recording::{
+    CallInput, CallOutput, Header as RecordingHeader, Record, RecordingError, RecordingOptions, RecordingStatus,
+};
+pub use replay::{Difference, ReplayReport, replay};
+pub use shadow::{CanaryState, CanaryStatus, PromoteError, ShadowDifferences, ShadowExample, ShadowStatus};
 pub use state::LimitHit;
 pub use status::{PluginState, PluginStatus};
 pub use watch::PluginWatcher;
 
-/// The `herald:plugin` contract version this runtime supports.
+/// The newest `herald:plugin` contract version this runtime serves. It serves every
+/// version from [`OLDEST_CONTRACT_VERSION`] to this one: later versions only add.
 pub const CONTRACT_VERSION: &str = herald_plugin_bindings::CONTRACT_VERSION;
+
+/// The oldest contract version this runtime serves.
+pub const OLDEST_CONTRACT_VERSION: &str = herald_plugin_bindings::v0_1::CONTRACT_VERSION;
 
 /// The contract's data types, as hooks take and return them.
 pub mod types {
     pub use herald_plugin_bindings::herald::plugin::types::{
-        Acceptance, AnnounceDecision, Announcement, CommandKind, ConnectDecision, ConnectRequest, Health,
+        Acceptance, AnnounceDecision, Announcement, CommandKind, ConnectDecision, ConnectRequest, Delivery, Health,
         LimitDecision, LogLevel, Message, MessageDecision, Rejection, RouteRequest, Tier,
     };
 }

@@ -14,11 +14,14 @@ use crate::{
     state::{LimitHit, PluginContext, StoreState},
     stats::PluginStats,
     types::{
-        AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Health, Message, MessageDecision,
+        AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Delivery, Health, Message, MessageDecision,
         RouteRequest, Tier,
     },
 };
-use herald_plugin_bindings::exports::herald::plugin::{announce_policy, connect, degrade, message_policy, route_key};
+use herald_plugin_bindings::exports::herald::plugin::{
+    announce_policy, connect, degrade, deliver_filter, message_policy, route_key,
+};
+use herald_plugin_bindings::v0_1;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use std::{path::PathBuf, sync::Arc, time::Duration};
@@ -79,12 +82,14 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A hook call's input.
+#[derive(Clone, Copy)]
 pub(crate) enum Input<'a> {
     Message(&'a Message),
     Announcement(&'a Announcement),
     Route(&'a RouteRequest),
     Health(&'a Health),
     Connect(&'a ConnectRequest),
+    Delivery(&'a Delivery),
 }
 
 /// A hook call's answer.
@@ -94,6 +99,8 @@ pub(crate) enum Output {
     Route(Option<String>),
     Tier(Tier),
     Connect(ConnectDecision),
+    /// The recipients to drop.
+    Dropped(Vec<String>),
 }
 
 /// Why a call produced no answer.
@@ -102,26 +109,114 @@ pub(crate) struct Failure {
     pub message: String,
 }
 
+/// A contract version this host serves. Later versions only add to earlier ones, so every
+/// version's hooks take and return the same data types; what differs is the names a
+/// component's imports and exports carry (`herald:plugin/<interface>@<version>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Contract {
+    V0_1,
+    V0_2,
+}
+
+impl Contract {
+    /// Every version served, oldest first.
+    const ALL: [Contract; 2] = [Contract::V0_1, Contract::V0_2];
+
+    pub fn version(self) -> &'static str {
+        match self {
+            Contract::V0_1 => v0_1::CONTRACT_VERSION,
+            Contract::V0_2 => CONTRACT_VERSION,
+        }
+    }
+
+    fn parse(version: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.version() == version)
+    }
+
+    /// Whether this version defines `hook`.
+    fn defines(self, hook: Hook) -> bool {
+        hook != Hook::DeliverFilter || self != Contract::V0_1
+    }
+}
+
+/// A hook's export handles under each contract version that defines it: `$indices` (found
+/// once per loaded version) and `$guest` (looked up once per instance).
+macro_rules! versioned_hook {
+    ($indices:ident, $guest:ident, $module:ident) => {
+        enum $indices {
+            V0_1(v0_1::exports::herald::plugin::$module::GuestIndices),
+            V0_2($module::GuestIndices),
+        }
+
+        enum $guest {
+            V0_1(v0_1::exports::herald::plugin::$module::Guest),
+            V0_2($module::Guest),
+        }
+
+        impl $indices {
+            fn new(pre: &InstancePre<StoreState>, contract: Contract) -> wasmtime::Result<Self> {
+                Ok(match contract {
+                    Contract::V0_1 => Self::V0_1(v0_1::exports::herald::plugin::$module::GuestIndices::new(pre)?),
+                    Contract::V0_2 => Self::V0_2($module::GuestIndices::new(pre)?),
+                })
+            }
+
+            fn load(
+                &self,
+                store: &mut Store<StoreState>,
+                instance: &wasmtime::component::Instance,
+            ) -> wasmtime::Result<$guest> {
+                Ok(match self {
+                    Self::V0_1(i) => $guest::V0_1(i.load(store, instance)?),
+                    Self::V0_2(i) => $guest::V0_2(i.load(store, instance)?),
+                })
+            }
+        }
+    };
+}
+
+versioned_hook!(MessagePolicyIndices, MessagePolicyGuest, message_policy);
+versioned_hook!(AnnouncePolicyIndices, AnnouncePolicyGuest, announce_policy);
+versioned_hook!(RouteKeyIndices, RouteKeyGuest, route_key);
+versioned_hook!(DegradeIndices, DegradeGuest, degrade);
+versioned_hook!(ConnectIndices, ConnectGuest, connect);
+
+/// Calls `$method` on a versioned guest, whichever version it is.
+macro_rules! call_versioned {
+    ($kind:ident, $guest:expr, $method:ident, $store:expr, $arg:expr) => {
+        match $guest {
+            Some(g) => match g {
+                $kind::V0_1(g) => g.$method($store, $arg).await,
+                $kind::V0_2(g) => g.$method($store, $arg).await,
+            },
+            None => Err(wasmtime::format_err!("the plugin does not export this hook")),
+        }
+    };
+}
+
 #[derive(Default)]
 struct Indices {
-    message_policy: Option<message_policy::GuestIndices>,
-    announce_policy: Option<announce_policy::GuestIndices>,
-    route_key: Option<route_key::GuestIndices>,
-    degrade: Option<degrade::GuestIndices>,
-    connect: Option<connect::GuestIndices>,
+    message_policy: Option<MessagePolicyIndices>,
+    announce_policy: Option<AnnouncePolicyIndices>,
+    route_key: Option<RouteKeyIndices>,
+    degrade: Option<DegradeIndices>,
+    connect: Option<ConnectIndices>,
+    // Only contract 0.2.0 on defines it: no older variant.
+    deliver_filter: Option<deliver_filter::GuestIndices>,
 }
 
 struct Guests {
-    message_policy: Option<message_policy::Guest>,
-    announce_policy: Option<announce_policy::Guest>,
-    route_key: Option<route_key::Guest>,
-    degrade: Option<degrade::Guest>,
-    connect: Option<connect::Guest>,
+    message_policy: Option<MessagePolicyGuest>,
+    announce_policy: Option<AnnouncePolicyGuest>,
+    route_key: Option<RouteKeyGuest>,
+    degrade: Option<DegradeGuest>,
+    connect: Option<ConnectGuest>,
+    deliver_filter: Option<deliver_filter::Guest>,
 }
 
 /// An instance and its hooks' export handles, looked up once at instantiation. Boxed in
 /// the pool: a call checks one out and gives it back, and moving a pointer in and out
-/// of the pool is cheaper than moving the handles of all five hooks.
+/// of the pool is cheaper than moving the handles of all six hooks.
 struct Instance {
     store: Store<StoreState>,
     guests: Guests,
@@ -133,9 +228,13 @@ pub(crate) struct Plugin {
     pub file: PathBuf,
     pub settings: Settings,
     pub hooks: Vec<Hook>,
+    /// The contract version it was built for.
+    pub contract: Contract,
     pub content_hash: String,
     pub fingerprint: String,
     pub imports: Vec<String>,
+    /// The compiled code (shared with a later version whose bytes are the same).
+    component: Component,
     pre: InstancePre<StoreState>,
     indices: Indices,
     ctx: Arc<PluginContext>,
@@ -148,6 +247,10 @@ pub(crate) struct Plugin {
     pub stats: PluginStats,
     /// Set when a newer version of this plugin failed to load (this one keeps serving).
     pub last_load_error: Mutex<Option<String>>,
+    /// How this version's promotion went, when it was promoted from shadow (or rolled back to).
+    pub canary: Mutex<Option<crate::shadow::CanaryStatus>>,
+    /// The recording of this version's calls, while one runs.
+    pub recorder: arc_swap::ArcSwapOption<crate::recording::Recorder>,
     quarantine: crate::config::QuarantinePolicy,
 }
 
@@ -156,8 +259,17 @@ fn contract_name(name: &str) -> Option<(&str, &str)> {
     name.strip_prefix("herald:plugin/")?.split_once('@')
 }
 
-/// Checks imports and exports against the contract; returns the exported hooks and imports.
-fn inspect(name: &str, component: &Component, runtime: &Runtime) -> Result<(Vec<Hook>, Vec<String>), PluginError> {
+/// What [`inspect`] found in a component.
+struct Inspected {
+    hooks: Vec<Hook>,
+    imports: Vec<String>,
+    contract: Contract,
+}
+
+/// Checks imports and exports against the contract: every `herald:plugin` name must carry
+/// one version, and one this host serves. Returns the exported hooks, the imports and the
+/// version.
+fn inspect(name: &str, component: &Component, runtime: &Runtime) -> Result<Inspected, PluginError> {
     let ty = component.component_type();
     let engine = &runtime.engine;
     let refuse_version = |found: &str| PluginError::UnsupportedContract {
@@ -165,12 +277,26 @@ fn inspect(name: &str, component: &Component, runtime: &Runtime) -> Result<(Vec<
         found: found.to_owned(),
         supported: CONTRACT_VERSION,
     };
+    // The first version named decides; any other version named after it is refused.
+    let mut contract = None;
+    let mut version_of = |found: &str| -> Result<Contract, PluginError> {
+        let this = Contract::parse(found).ok_or_else(|| refuse_version(found))?;
+        match contract {
+            Some(first) if first != this => Err(PluginError::MixedContracts {
+                name: name.to_owned(),
+                first: Contract::version(first),
+                second: this.version(),
+            }),
+            _ => {
+                contract = Some(this);
+                Ok(this)
+            }
+        }
+    };
     let mut imports = Vec::new();
     for (import, _) in ty.imports(engine) {
         if let Some((interface, version)) = contract_name(import) {
-            if version != CONTRACT_VERSION {
-                return Err(refuse_version(version));
-            }
+            version_of(version)?;
             if interface != "host" && interface != "types" {
                 return Err(PluginError::ImportNotProvided { name: name.to_owned(), import: import.to_owned() });
             }
@@ -182,10 +308,8 @@ fn inspect(name: &str, component: &Component, runtime: &Runtime) -> Result<(Vec<
     let mut hooks = Vec::new();
     for (export, _) in ty.exports(engine) {
         if let Some((interface, version)) = contract_name(export) {
-            if version != CONTRACT_VERSION {
-                return Err(refuse_version(version));
-            }
-            if let Some(hook) = Hook::from_wit_name(interface) {
+            let this = version_of(version)?;
+            if let Some(hook) = Hook::from_wit_name(interface).filter(|&hook| this.defines(hook)) {
                 hooks.push(hook);
             }
         }
@@ -194,7 +318,7 @@ fn inspect(name: &str, component: &Component, runtime: &Runtime) -> Result<(Vec<
     if hooks.is_empty() {
         return Err(PluginError::NoHooks { name: name.to_owned() });
     }
-    Ok((hooks, imports))
+    Ok(Inspected { hooks, imports, contract: contract.unwrap_or(Contract::V0_2) })
 }
 
 fn list(hooks: &[Hook]) -> String {
@@ -213,17 +337,33 @@ fn chain(e: &wasmtime::Error) -> String {
 impl Plugin {
     /// Compiles and checks `source`, then instantiates it once (the instance seeds the pool).
     /// Compilation runs on a blocking thread.
-    pub async fn load(runtime: &Arc<Runtime>, source: Source, deps: &Deps) -> Result<Arc<Plugin>, PluginError> {
+    ///
+    /// With `previous` (the version this one replaces), the new version's pool is filled to
+    /// as many idle instances as the previous one has, so the calls that follow the swap
+    /// find instances ready instead of instantiating on the paths that serve messages. When
+    /// `previous` or one of `compiled` (say, the shadow being promoted) has the same
+    /// component bytes — only a manifest changed — its compiled code is reused instead of
+    /// compiled again.
+    pub async fn load(
+        runtime: &Arc<Runtime>,
+        source: Source,
+        deps: &Deps,
+        previous: Option<&Plugin>,
+        compiled: &[&Plugin],
+    ) -> Result<Arc<Plugin>, PluginError> {
         let name = source.name.clone();
+        // A shadow (`NAME.shadow`) is NAME's: its manifest names NAME, and the host's
+        // overrides of NAME apply to it too.
+        let base = name.strip_suffix(crate::shadow::SHADOW).unwrap_or(&name).to_owned();
         let manifest = match &source.manifest {
             Some((path, text)) => Manifest::parse(text)
                 .map_err(|e| PluginError::Manifest { path: path.clone(), message: e.to_string() })?,
             None => Manifest::default(),
         };
-        if let Some(manifest_name) = manifest.name.as_ref().filter(|n| **n != name) {
-            return Err(PluginError::NameMismatch { name, manifest_name: manifest_name.clone() });
+        if let Some(manifest_name) = manifest.name.as_ref().filter(|n| **n != base) {
+            return Err(PluginError::NameMismatch { name: base, manifest_name: manifest_name.clone() });
         }
-        let settings = Settings::resolve(&name, &manifest, &deps.config);
+        let settings = Settings::resolve(&base, &manifest, &deps.config);
         if settings.limits.memory_mib > deps.config.max_memory_mib {
             return Err(PluginError::MemoryCap {
                 name,
@@ -233,13 +373,21 @@ impl Plugin {
         }
         let fingerprint = source.fingerprint();
         let content_hash = format!("sha256:{}", hex(&Sha256::digest(&source.wasm)));
-        let engine = runtime.engine.clone();
-        let wasm = source.wasm;
-        let component = tokio::task::spawn_blocking(move || Component::new(&engine, &wasm))
-            .await
-            .map_err(|e| PluginError::Task(e.to_string()))?
-            .map_err(|e| PluginError::Compile { name: name.clone(), message: chain(&e) })?;
-        let (hooks, imports) = inspect(&name, &component, runtime)?;
+        let same_bytes = previous.into_iter().chain(compiled.iter().copied()).find(|p| p.content_hash == content_hash);
+        let component = match same_bytes {
+            Some(previous) => previous.component.clone(),
+            None => {
+                runtime.compilations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::counter!("herald_plugin_compilations_total").increment(1);
+                let engine = runtime.engine.clone();
+                let wasm = source.wasm;
+                tokio::task::spawn_blocking(move || Component::new(&engine, &wasm))
+                    .await
+                    .map_err(|e| PluginError::Task(e.to_string()))?
+                    .map_err(|e| PluginError::Compile { name: name.clone(), message: chain(&e) })?
+            }
+        };
+        let Inspected { hooks, imports, contract } = inspect(&name, &component, runtime)?;
         if let Some(claimed) = &settings.claimed_hooks {
             let mut claimed = claimed.clone();
             claimed.sort();
@@ -254,14 +402,18 @@ impl Plugin {
             let e = |e: wasmtime::Error| wasm_err(&name, &e);
             match hook {
                 Hook::MessagePolicy => {
-                    indices.message_policy = Some(message_policy::GuestIndices::new(&pre).map_err(e)?)
+                    indices.message_policy = Some(MessagePolicyIndices::new(&pre, contract).map_err(e)?);
                 }
                 Hook::AnnouncePolicy => {
-                    indices.announce_policy = Some(announce_policy::GuestIndices::new(&pre).map_err(e)?);
+                    indices.announce_policy = Some(AnnouncePolicyIndices::new(&pre, contract).map_err(e)?);
                 }
-                Hook::RouteKey => indices.route_key = Some(route_key::GuestIndices::new(&pre).map_err(e)?),
-                Hook::Degrade => indices.degrade = Some(degrade::GuestIndices::new(&pre).map_err(e)?),
-                Hook::Connect => indices.connect = Some(connect::GuestIndices::new(&pre).map_err(e)?),
+                Hook::RouteKey => indices.route_key = Some(RouteKeyIndices::new(&pre, contract).map_err(e)?),
+                Hook::Degrade => indices.degrade = Some(DegradeIndices::new(&pre, contract).map_err(e)?),
+                Hook::Connect => indices.connect = Some(ConnectIndices::new(&pre, contract).map_err(e)?),
+                // `inspect` finds it only in a 0.2.0 component or later.
+                Hook::DeliverFilter => {
+                    indices.deliver_filter = Some(deliver_filter::GuestIndices::new(&pre).map_err(e)?);
+                }
             }
         }
         let tick = deps.config.epoch_tick();
@@ -282,9 +434,11 @@ impl Plugin {
             file: source.file,
             settings,
             hooks,
+            contract,
             content_hash,
             fingerprint,
             imports,
+            component,
             pre,
             indices,
             ctx,
@@ -294,15 +448,13 @@ impl Plugin {
             hard_timeout: deadline * 2 + tick * 2,
             stats: PluginStats::new(),
             last_load_error: Mutex::new(None),
+            recorder: arc_swap::ArcSwapOption::empty(),
+            canary: Mutex::new(None),
             quarantine: deps.config.quarantine,
         };
         // A trial instantiation catches start-up traps and oversized memories at load time,
         // and the instance makes the first call as fast as the rest.
-        let first = plugin
-            .instantiate(Instant::now() + plugin.hard_timeout)
-            .await
-            .map_err(|f| PluginError::Instantiate { name: plugin.name.to_string(), message: f.message })?;
-        plugin.give_back(first);
+        plugin.warm(previous.map_or(1, Plugin::idle_instances)).await?;
         Ok(Arc::new(plugin))
     }
 
@@ -327,12 +479,26 @@ impl Plugin {
                 route_key: i.route_key.as_ref().map(|x| x.load(&mut store, &instance)).transpose()?,
                 degrade: i.degrade.as_ref().map(|x| x.load(&mut store, &instance)).transpose()?,
                 connect: i.connect.as_ref().map(|x| x.load(&mut store, &instance)).transpose()?,
+                deliver_filter: i.deliver_filter.as_ref().map(|x| x.load(&mut store, &instance)).transpose()?,
             })
         })();
         match guests {
             Ok(guests) => Ok(Box::new(Instance { store, guests })),
             Err(e) => Err(fail(e, &mut store)),
         }
+    }
+
+    /// Fills the pool to `n` idle instances (at least one, at most the pool's size).
+    pub async fn warm(&self, n: usize) -> Result<(), PluginError> {
+        let want = n.clamp(1, self.pool_size.max(1));
+        while self.idle_instances() < want {
+            let instance = self
+                .instantiate(Instant::now() + self.hard_timeout)
+                .await
+                .map_err(|f| PluginError::Instantiate { name: self.name.to_string(), message: f.message })?;
+            self.give_back(instance);
+        }
+        Ok(())
     }
 
     fn give_back(&self, instance: Box<Instance>) {
@@ -411,57 +577,49 @@ impl Plugin {
         data.host_calls = 0;
         data.last_error_log = None;
         data.deadline = deadline;
-        let missing = || wasmtime::format_err!("the plugin does not export this hook");
         let call = async {
             match input {
-                Input::Message(m) => guests
-                    .message_policy
-                    .as_ref()
-                    .ok_or_else(missing)?
-                    .call_check(&mut *store, m)
-                    .await
-                    .map(Output::Message),
-                Input::Announcement(a) => guests
-                    .announce_policy
-                    .as_ref()
-                    .ok_or_else(missing)?
-                    .call_check(&mut *store, a)
-                    .await
-                    .map(Output::Announcement),
-                Input::Route(r) => guests
-                    .route_key
-                    .as_ref()
-                    .ok_or_else(missing)?
-                    .call_route_key(&mut *store, r)
-                    .await
-                    .map(Output::Route),
-                Input::Health(h) => guests
-                    .degrade
-                    .as_ref()
-                    .ok_or_else(missing)?
-                    .call_choose_tier(&mut *store, *h)
-                    .await
-                    .map(Output::Tier),
-                Input::Connect(c) => guests
-                    .connect
-                    .as_ref()
-                    .ok_or_else(missing)?
-                    .call_authorize(&mut *store, c)
-                    .await
-                    .map(Output::Connect),
+                Input::Message(m) => {
+                    call_versioned!(MessagePolicyGuest, &guests.message_policy, call_check, &mut *store, m)
+                        .map(Output::Message)
+                }
+                Input::Announcement(a) => {
+                    call_versioned!(AnnouncePolicyGuest, &guests.announce_policy, call_check, &mut *store, a)
+                        .map(Output::Announcement)
+                }
+                Input::Route(r) => {
+                    call_versioned!(RouteKeyGuest, &guests.route_key, call_route_key, &mut *store, r).map(Output::Route)
+                }
+                Input::Health(h) => {
+                    call_versioned!(DegradeGuest, &guests.degrade, call_choose_tier, &mut *store, *h).map(Output::Tier)
+                }
+                Input::Connect(c) => {
+                    call_versioned!(ConnectGuest, &guests.connect, call_authorize, &mut *store, c).map(Output::Connect)
+                }
+                Input::Delivery(d) => match &guests.deliver_filter {
+                    Some(g) => g.call_filter(&mut *store, d).await.map(Output::Dropped),
+                    None => Err(wasmtime::format_err!("the plugin does not export this hook")),
+                },
             }
         };
         let result = call.await;
         self.stats.record_call(started.elapsed());
+        let recorder = self.recorder.load();
         match result {
             Ok(output) => {
                 self.give_back(instance);
+                if let Some(recorder) = recorder.as_ref() {
+                    recorder.record(self.ctx.clock.now_ms(), input, Ok(&output));
+                }
                 Ok(output)
             }
             Err(e) => {
                 let timeout = matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt))
                     || matches!(e.downcast_ref::<LimitHit>(), Some(LimitHit::HostTimeout(_)));
                 let message = self.describe(&e, &mut instance.store);
+                if let Some(recorder) = recorder.as_ref() {
+                    recorder.record(self.ctx.clock.now_ms(), input, Err(&message));
+                }
                 Err(self.fail(message, timeout))
             }
         }

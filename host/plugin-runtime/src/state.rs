@@ -286,3 +286,51 @@ impl host::Host for StoreState {
         Ok(self.ctx.config_text.clone())
     }
 }
+
+/// Contract 0.1.0's `host` import: the same functions as today's, one by one.
+impl herald_plugin_bindings::v0_1::herald::plugin::host::Host for StoreState {
+    async fn kv_get(&mut self, key: String) -> wasmtime::Result<Option<Vec<u8>>> {
+        host::Host::kv_get(self, key).await
+    }
+
+    async fn kv_set(&mut self, key: String, value: Vec<u8>, ttl_ms: Option<u64>) -> wasmtime::Result<()> {
+        host::Host::kv_set(self, key, value, ttl_ms).await
+    }
+
+    async fn kv_set_if_absent(&mut self, key: String, value: Vec<u8>, ttl_ms: Option<u64>) -> wasmtime::Result<bool> {
+        host::Host::kv_set_if_absent(self, key, value, ttl_ms).await
+    }
+
+    async fn kv_increment(&mut self, key: String, delta: i64, ttl_ms: Option<u64>) -> wasmtime::Result<i64> {
+        host::Host::kv_increment(self, key, delta, ttl_ms).await
+    }
+
+    async fn kv_delete(&mut self, key: String) -> wasmtime::Result<bool> {
+        host::Host::kv_delete(self, key).await
+    }
+
+    async fn rate_limit(&mut self, key: String, per_second: f64, burst: u32) -> wasmtime::Result<types::LimitDecision> {
+        host::Host::rate_limit(self, key, per_second, burst).await
+    }
+
+    async fn now_ms(&mut self) -> wasmtime::Result<u64> {
+        host::Host::now_ms(self).await
+    }
+
+    async fn log(
+        &mut self,
+        level: types::LogLevel,
+        message: String,
+        fields: Vec<(String, String)>,
+    ) -> wasmtime::Result<()> {
+        host::Host::log(self, level, message, fields).await
+    }
+
+    async fn counter_add(&mut self, name: String, delta: u64) -> wasmtime::Result<()> {
+        host::Host::counter_add(self, name, delta).await
+    }
+
+    async fn config(&mut self) -> wasmtime::Result<String> {
+        host::Host::config(self).await
+    }
+}

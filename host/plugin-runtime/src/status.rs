@@ -33,6 +33,8 @@ pub struct PluginStatus {
     pub version: Option<String>,
     /// `sha256:<hex>` of the serving component.
     pub content_hash: Option<String>,
+    /// The `herald:plugin` contract version the serving component was built for.
+    pub contract: Option<String>,
     /// The hooks it exports.
     pub hooks: Vec<Hook>,
     /// Position in hook chains.
@@ -54,4 +56,10 @@ pub struct PluginStatus {
     pub last_error: Option<String>,
     /// Why the last (re)load of this file failed; the previous version, if any, serves.
     pub last_load_error: Option<String>,
+    /// The serving version's recording, running or ended, if one was started.
+    pub recording: Option<crate::recording::RecordingStatus>,
+    /// Its shadow (`NAME.shadow.wasm`), if one is installed: how its decisions compare.
+    pub shadow: Option<crate::shadow::ShadowStatus>,
+    /// How its promotion from shadow went (or, after a rollback, why it serves again).
+    pub canary: Option<crate::shadow::CanaryStatus>,
 }

@@ -5,17 +5,18 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse};
 use serde_json::{Value, json};
 
-use super::{ApiError, require_key};
+use super::{ApiError, path_params, require_key};
 use crate::health::TIMELINE_POINTS;
 use crate::model::{ConversationId, UserId};
 use crate::node::Node;
 use crate::plugins::types::CommandKind;
+use crate::plugins::{PromoteError, RecordingError, RecordingOptions};
 
 /// The admin page (`host/src/api/admin.html`).
 const ADMIN_PAGE: &str = include_str!("admin.html");
@@ -146,4 +147,87 @@ pub async fn reload(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result
         .await
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "reload_failed", error.to_string()))?;
     Ok(Json(json!({ "plugins": plugins })))
+}
+
+/// `POST /admin/plugins/{name}/recording` with optional [`RecordingOptions`] as JSON:
+/// starts recording the plugin's hook calls to `<data_dir>/recordings/NAME-<ms>.jsonl`
+/// (sdk/README.md, "Record and replay"). 404 when no such plugin is loaded, 409 when it is
+/// being recorded already, 400 for bad options.
+pub async fn start_recording(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    name: Result<Path<String>, PathRejection>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    require_admin_key(&node, &headers)?;
+    let name = path_params(name)?;
+    let options = if body.iter().all(u8::is_ascii_whitespace) {
+        RecordingOptions::default()
+    } else {
+        serde_json::from_slice::<RecordingOptions>(&body)
+            .map_err(|error| ApiError::bad_request(format!("recording options: {error}")))?
+    };
+    let file = node.config.data_dir.join("recordings").join(format!("{name}-{}.jsonl", node.clock.now_ms()));
+    let status = node.plugins.host.start_recording(&name, file, options).map_err(|error| match error {
+        RecordingError::NotLoaded(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", error.to_string()),
+        RecordingError::AlreadyRecording { .. } => ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string()),
+        RecordingError::BadOptions(_) => ApiError::bad_request(error.to_string()),
+        RecordingError::Io { .. } => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "recording_failed", error.to_string())
+        }
+    })?;
+    Ok(Json(json!({ "plugin": name, "recording": status })))
+}
+
+/// `DELETE /admin/plugins/{name}/recording`: stops the plugin's recording; 404 when none
+/// runs.
+pub async fn stop_recording(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    require_admin_key(&node, &headers)?;
+    let name = path_params(name)?;
+    match node.plugins.host.stop_recording(&name) {
+        Some(status) => Ok(Json(json!({ "plugin": name, "recording": status }))),
+        None => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("plugin `{name}` is not being recorded")))
+        }
+    }
+}
+
+/// `POST /admin/plugins/{name}/promote`: the plugin's shadow (`NAME.shadow.wasm`) becomes
+/// its active version and is watched for `plugin_runtime.canary.window_ms`, rolled back by
+/// itself past the canary bounds (sdk/README.md, "Shadow runs and canaries"). 404 when it
+/// has no shadow.
+pub async fn promote(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    require_admin_key(&node, &headers)?;
+    let name = path_params(name)?;
+    match node.plugins.host.promote(&name).await {
+        Ok(status) => Ok(Json(json!({ "plugin": status }))),
+        Err(error @ PromoteError::NoShadow(_)) => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", error.to_string()))
+        }
+        Err(error) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "promote_failed", error.to_string())),
+    }
+}
+
+/// `DELETE /admin/plugins/{name}/shadow`: removes the plugin's shadow (its files too); 404
+/// when it has none.
+pub async fn discard_shadow(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    require_admin_key(&node, &headers)?;
+    let name = path_params(name)?;
+    match node.plugins.host.discard_shadow(&name).await {
+        Ok(true) => Ok(Json(json!({ "plugin": name, "shadow": null }))),
+        Ok(false) => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("plugin `{name}` has no shadow"))),
+        Err(error) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "discard_failed", error.to_string())),
+    }
 }

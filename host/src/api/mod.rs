@@ -88,7 +88,10 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/admin/cluster", get(admin::cluster))
         .route("/admin/series", get(admin::series))
         .route("/admin/route", get(admin::route))
-        .route("/admin/plugins/reload", post(admin::reload));
+        .route("/admin/plugins/reload", post(admin::reload))
+        .route("/admin/plugins/{name}/recording", post(admin::start_recording).delete(admin::stop_recording))
+        .route("/admin/plugins/{name}/promote", post(admin::promote))
+        .route("/admin/plugins/{name}/shadow", axum::routing::delete(admin::discard_shadow));
     if node.config.dev {
         limited = limited.route("/", get(|| async { Html(WEB_PAGE) }));
     }

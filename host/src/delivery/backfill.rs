@@ -140,6 +140,9 @@ impl Delivery {
                 if message.is_from(&session.user, &session.device) || !session.claim_push(conversation, message.seq) {
                     continue; // the device has it, or it was pushed live already
                 }
+                if !self.visible_to(&session.user, &message).await {
+                    continue; // the deliver-filter keeps it from this user
+                }
                 let wire = wire_message(&message);
                 let frame = v1::Frame::new(0, v1::Deliver { message: Some(wire.clone()), attempt: 1 });
                 if !session.push_waiting(frame).await {

@@ -10,13 +10,14 @@
 
 pub mod backfill;
 pub mod cursors;
+pub mod filter;
 pub mod pull;
 mod retries;
 pub mod rtt;
 pub mod session;
 pub mod sessions;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +38,7 @@ use crate::store::{ConversationStore, CursorStore, GroupStore, MessageStore};
 use crate::telemetry::Throttle;
 
 use cursors::CursorBuffer;
+use filter::RecipientFilter;
 use pull::SeqFrontier;
 use retries::{Pending, RetryTimers};
 use session::Session;
@@ -77,6 +79,8 @@ pub struct Delivery {
     vitals: Arc<Vitals>,
     /// Pushes waiting for their ack timeout.
     retries: RetryTimers,
+    /// Who of a message's recipients must not get it (the `deliver-filter` hook).
+    filter: Arc<dyn RecipientFilter>,
 }
 
 /// The wire form of a stored message.
@@ -110,6 +114,7 @@ impl Delivery {
         stores: DeliveryStores,
         frontier: Arc<dyn SeqFrontier>,
         vitals: Arc<Vitals>,
+        filter: Arc<dyn RecipientFilter>,
     ) -> Self {
         let backfill_permits = Semaphore::new(config.backfill_concurrency);
         Self {
@@ -122,7 +127,44 @@ impl Delivery {
             backfill_permits,
             vitals,
             retries: RetryTimers::start(),
+            filter,
         }
+    }
+
+    /// Of `users`, those the deliver-filter drops from `message`'s recipients: none without
+    /// a filter, and never the sender.
+    async fn dropped(&self, message: &Message, users: &[UserId]) -> HashSet<UserId> {
+        if !self.filter.active() {
+            return HashSet::new();
+        }
+        let recipients: Vec<UserId> = users.iter().filter(|&user| *user != message.sender).cloned().collect();
+        if recipients.is_empty() {
+            return HashSet::new();
+        }
+        let dropped = self.filter.dropped(message, &recipients).await;
+        if !dropped.is_empty() {
+            metrics::counter!("herald_delivery_filtered_total").increment(dropped.len() as u64);
+        }
+        dropped
+    }
+
+    /// Whether the deliver-filter lets `user` have `message` (backfill and the pull paths).
+    async fn visible_to(&self, user: &UserId, message: &Message) -> bool {
+        !self.filter.active() || self.dropped(message, std::slice::from_ref(user)).await.is_empty()
+    }
+
+    /// `messages` without those the deliver-filter keeps from `user`.
+    async fn visible(&self, user: &UserId, messages: Vec<Message>) -> Vec<Message> {
+        if !self.filter.active() {
+            return messages;
+        }
+        let mut kept = Vec::with_capacity(messages.len());
+        for message in messages {
+            if self.visible_to(user, &message).await {
+                kept.push(message);
+            }
+        }
+        kept
     }
 
     /// This node.
@@ -144,7 +186,7 @@ impl Delivery {
     /// device of every member but the one that sent it (room: every subscriber). In the
     /// pull-only tier they get a `sync_hint` instead, and pull.
     pub async fn fan_out(self: &Arc<Self>, message: Arc<Message>) {
-        let members: Vec<UserId> = match message.conversation.kind() {
+        let mut members: Vec<UserId> = match message.conversation.kind() {
             ConversationKind::Room(_) => return self.publish_room(message).await,
             ConversationKind::Direct(a, b) => vec![a, b],
             ConversationKind::Group(group) => match self.membership.group_members(&group).await {
@@ -157,6 +199,10 @@ impl Delivery {
                 }
             },
         };
+        let dropped = self.dropped(&message, &members).await;
+        if !dropped.is_empty() {
+            members.retain(|user| !dropped.contains(user));
+        }
         // Every device of every member in one lookup; parked sessions are found even when
         // the route table cannot be read.
         let routes = self.reach.routes.devices_of(&members).await.unwrap_or_else(|error| {
@@ -293,7 +339,7 @@ impl Delivery {
 
     /// A room message: to this node's subscribers, and to the other nodes with subscribers.
     async fn publish_room(self: &Arc<Self>, message: Arc<Message>) {
-        self.push_to_room_here(&message);
+        self.push_to_room_here(&message).await;
         let nodes = match self.reach.room_directory.nodes(&message.conversation).await {
             Ok(nodes) => nodes.into_iter().filter(|&node| node != self.reach.this_node).collect::<Vec<_>>(),
             Err(error) => {
@@ -316,16 +362,24 @@ impl Delivery {
 
     /// Pushes a room message to this node's subscribers of its room (no retries: a
     /// subscriber catches up from history). The frame is shared: encoded once per
-    /// encoding, however many subscribers take it.
-    pub fn push_to_room_here(&self, message: &Message) {
+    /// encoding, however many subscribers take it. With a deliver-filter, this node's
+    /// subscribers are one batch of recipients.
+    pub async fn push_to_room_here(&self, message: &Message) {
         let frame = self.wire_for(message).map_or_else(|| sync_hint(message), |wire| deliver(wire, 1));
         let frame = Arc::new(SharedFrame::new(frame));
-        for id in self.reach.rooms.subscribers(&message.conversation) {
-            if let Some(session) = self.reach.sessions.get(id)
-                && !message.is_from(&session.user, &session.device)
-            {
-                session.push_shared(&frame);
-            }
+        let subscribers = self.reach.rooms.subscribers(&message.conversation).into_iter().filter_map(|id| {
+            self.reach.sessions.get(id).filter(|session| !message.is_from(&session.user, &session.device))
+        });
+        if !self.filter.active() {
+            subscribers.for_each(|session| _ = session.push_shared(&frame));
+            return;
+        }
+        let subscribers: Vec<Arc<Session>> = subscribers.collect();
+        let users: Vec<UserId> =
+            subscribers.iter().map(|session| session.user.clone()).collect::<BTreeSet<_>>().into_iter().collect();
+        let dropped = self.dropped(message, &users).await;
+        for session in subscribers.iter().filter(|session| !dropped.contains(&session.user)) {
+            session.push_shared(&frame);
         }
     }
 

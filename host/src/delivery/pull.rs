@@ -101,6 +101,9 @@ impl Delivery {
                 Span::Before(_) => _ = messages.remove(0),
             }
         }
+        // A page the deliver-filter thins may hold fewer than `limit`: `has_more` still
+        // says whether the conversation goes on past it.
+        let messages = self.visible(user, messages).await;
         Ok(Page { conversation, messages, has_more })
     }
 
@@ -152,6 +155,9 @@ impl Delivery {
             } else {
                 self.complete_through(&session.user, &conversation, after, latest_seq).await
             };
+            // What the deliver-filter keeps from this user is a gap below
+            // `complete_through_seq`: the device knows not to wait for it.
+            let messages = self.visible(&session.user, messages).await;
             conversations.push(v1::ConversationSync {
                 conversation: conversation.to_string(),
                 messages: messages.iter().map(wire_message).collect(),
@@ -195,7 +201,10 @@ impl Delivery {
         }
         let latest_seq = self.stores.messages.latest_seq(&room).await?;
         let messages = match request.since_seq {
-            Some(since) => self.stores.messages.messages_after(&room, since, self.config.max_page).await?,
+            Some(since) => {
+                let messages = self.stores.messages.messages_after(&room, since, self.config.max_page).await?;
+                self.visible(&session.user, messages).await
+            }
             None => Vec::new(),
         };
         Ok(v1::Subscribed { room: room.to_string(), latest_seq, messages: messages.iter().map(wire_message).collect() })

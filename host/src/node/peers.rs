@@ -45,7 +45,7 @@ impl PeerHandler for NodePeers {
     }
 
     async fn publish_room(&self, message: Message) {
-        self.delivery.push_to_room_here(&message);
+        self.delivery.push_to_room_here(&message).await;
     }
 
     async fn kick(&self, route: Route) {

@@ -141,3 +141,53 @@ fn a_damaged_sqlite_file_is_refused_at_start_with_a_clear_message() {
         assert!(!stderr.contains("panicked"), "{what}: {stderr}");
     }
 }
+
+/// `herald plugin new` as a user runs it from an installed binary: the crate it writes
+/// carries the SDK (no path into this checkout), builds for wasm32-wasip2, and loads.
+#[test]
+fn plugin_new_writes_a_crate_that_builds_anywhere_and_loads() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Named apart from every test guest: it is built into the guests' target folder.
+    let out =
+        herald().args(["plugin", "new", "my-first-plugin", "--dir"]).arg(dir.path()).output().expect("plugin new");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let root = dir.path().join("my-first-plugin");
+    let cargo_toml = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    assert!(cargo_toml.contains(r#"herald-sdk = { path = "herald-sdk" }"#), "{cargo_toml}");
+    let checkout = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().expect("checkout");
+    for file in ["Cargo.toml", "herald-sdk/Cargo.toml", "herald-sdk/build.rs"] {
+        let text = std::fs::read_to_string(root.join(file)).expect(file);
+        assert!(!text.contains(&*checkout.to_string_lossy()), "{file} names this checkout: {text}");
+    }
+    // Moved elsewhere, as a clone on another machine would be, it still builds.
+    let moved = dir.path().join("elsewhere");
+    std::fs::rename(&root, &moved).expect("move");
+    let target = checkout.join("target/plugin-guests");
+    let build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
+        .arg(moved.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .expect("cargo build");
+    assert!(build.status.success(), "the scaffold does not build:\n{}", String::from_utf8_lossy(&build.stderr));
+    let wasm = target.join("wasm32-wasip2/release/my_first_plugin.wasm");
+    let check = herald().args(["plugin", "check"]).arg(&wasm).output().expect("plugin check");
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&check.stdout).expect("check prints JSON");
+    assert_eq!(report["hooks"], serde_json::json!(["message-policy"]), "{report}");
+    assert_eq!(report["contract_version"], herald_plugin_runtime::CONTRACT_VERSION, "{report}");
+
+    // An SDK location that does not hold the SDK is refused, and nothing is written.
+    let out = herald()
+        .args(["plugin", "new", "other", "--dir"])
+        .arg(dir.path())
+        .arg("--sdk-path")
+        .arg(dir.path().join("no-sdk-here"))
+        .output()
+        .expect("plugin new");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("herald-sdk not found at"), "{stderr}");
+    assert!(!dir.path().join("other").exists());
+}

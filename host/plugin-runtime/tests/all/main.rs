@@ -6,5 +6,8 @@ mod chains;
 mod contract;
 mod first_party;
 mod hostile;
+mod languages;
+mod recording;
 mod reload;
+mod shadow;
 mod support;

@@ -147,3 +147,42 @@ async fn reload_picks_up_new_files_and_keeps_unchanged_ones() {
     assert_eq!(status.len(), 2);
     assert_eq!(t.status("echo").calls, 1, "an unchanged plugin keeps its instance and stats");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_change_reuses_the_compiled_code_and_the_new_version_starts_warm() {
+    let t = TestHost::new(no_quarantine());
+    swap_in(t.path(), "echo-v1");
+    t.load().await;
+    assert_eq!(t.host.compilations(), 1);
+    // Calls on both worker threads at once leave (usually) more than one idle instance.
+    let calls: Vec<_> = (0..2)
+        .map(|_| {
+            let host = t.host.clone();
+            tokio::spawn(async move {
+                for _ in 0..500 {
+                    assert_eq!(host.message_policy(&message("a", "room:x", "hi")).await, MessageDecision::Allow);
+                }
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.expect("calls");
+    }
+    let idle_before = t.host.idle_instances("echo");
+    assert!(idle_before >= 1);
+
+    // Only the manifest changes: a new version serves (its order shows), compiled code reused.
+    std::fs::write(t.path().join("echo.toml"), "version = \"1.1.0\"\norder = 7\n").expect("manifest");
+    t.host.reload().await.expect("reload");
+    let status = t.status("echo");
+    assert_eq!((status.version.as_deref(), status.order), (Some("1.1.0"), Some(7)));
+    assert_eq!(t.host.compilations(), 1, "a manifest change compiles nothing");
+    assert_eq!(t.host.idle_instances("echo"), idle_before, "the new version starts with as many instances ready");
+    assert_eq!(version(&t).await, rewrite("echo-v1"));
+
+    // New component bytes are compiled.
+    swap_in(t.path(), "echo-v2");
+    t.host.reload().await.expect("reload");
+    assert_eq!(t.host.compilations(), 2);
+    assert_eq!(version(&t).await, rewrite("echo-v2"));
+}

@@ -16,7 +16,7 @@ use super::server::Herald;
 /// The message-policy hook denies on failure; a 200 ms deadline and a 4 MiB memory cap.
 const HOSTILE_MANIFEST: &str = include_str!("../../../plugin-runtime/tests/guests/hostile/plugin.toml");
 
-fn guest(krate: &str) -> PathBuf {
+pub fn guest(krate: &str) -> PathBuf {
     let built = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../target/plugin-guests/wasm32-wasip2/release")
         .join(format!("{krate}.wasm"));

@@ -1,7 +1,7 @@
 //! `future-contract`: built against a newer `herald:plugin` contract than the host's.
 wit_bindgen::generate!({
     inline: r#"
-        package herald:plugin@0.2.0;
+        package herald:plugin@0.3.0;
         interface message-policy {
             check: func(body: list<u8>) -> bool;
         }

@@ -1,0 +1,315 @@
+//! Shadow runs and canaries: a new version of a plugin tried on live traffic before it
+//! decides anything, then promoted, then watched.
+//!
+//! * **Shadow.** `NAME.shadow.wasm` (with `NAME.shadow.toml`) beside `NAME.wasm` is loaded
+//!   as NAME's shadow: every call of the active version (or one in `shadow.every`) is
+//!   given, with the same input, to the shadow too — in a task of its own, after the active
+//!   call answered, within `shadow.max_in_flight` — and the two answers are compared. Its
+//!   answers are never applied. It runs in a KV and rate-limiter scope of its own
+//!   (`NAME.shadow`), so it cannot disturb the active version's state. `/admin/plugins`
+//!   shows how many decisions differed, by kind, with a few examples of each, and its
+//!   calls, failures and p99 next to the active version's.
+//! * **Promote.** The shadow's files become `NAME.wasm`/`NAME.toml` (the active ones are kept
+//!   as `NAME.previous.*`), and it serves at once, its compiled code reused.
+//! * **Canary.** For `canary.window_ms` after a promotion, the new version's failure ratio and
+//!   p99 are checked every few hundred milliseconds; past a bound, the previous version
+//!   serves again (its files back as `NAME.*`, the rejected ones kept as `NAME.rejected.*`),
+//!   and the log and `/admin/plugins` say why.
+
+use crate::{
+    config::{CanaryPolicy, Hook, ShadowPolicy},
+    plugin::{Failure, Input, Output, Plugin},
+    recording::{CallInput, CallOutput},
+};
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed},
+    },
+};
+
+/// The suffix of a shadow's file stem: `NAME.shadow.wasm`.
+pub(crate) const SHADOW: &str = ".shadow";
+/// The suffix of a version kept for rollback: `NAME.previous.wasm` (never loaded).
+pub(crate) const PREVIOUS: &str = ".previous";
+/// The suffix of a version rolled back: `NAME.rejected.wasm` (never loaded).
+pub(crate) const REJECTED: &str = ".rejected";
+
+/// An answer in a few words: the kind of decision, for grouping differences.
+fn kind(output: &CallOutput) -> String {
+    use crate::types::{AnnounceDecision as A, ConnectDecision as C, MessageDecision as M};
+    match output {
+        CallOutput::Message(M::Allow) => "allow".into(),
+        CallOutput::Message(M::Reject(r)) => format!("reject {}", r.code),
+        CallOutput::Message(M::Rewrite(_)) => "rewrite".into(),
+        CallOutput::Announcement(A::Accept(a)) => if a.archive { "accept, archive" } else { "accept" }.into(),
+        CallOutput::Announcement(A::Defer(_)) => "defer".into(),
+        CallOutput::Announcement(A::Duplicate) => "duplicate".into(),
+        CallOutput::Route(None) => "no key".into(),
+        CallOutput::Route(Some(_)) => "a key".into(),
+        CallOutput::Tier(t) => format!("{t:?}").to_lowercase(),
+        CallOutput::Connect(C::Allow(None)) => "allow".into(),
+        CallOutput::Connect(C::Allow(Some(_))) => "allow as another user".into(),
+        CallOutput::Connect(C::Deny(_)) => "deny".into(),
+        CallOutput::Dropped(d) if d.is_empty() => "drop none".into(),
+        CallOutput::Dropped(_) => "drop some".into(),
+        CallOutput::Failed(_) => "failed".into(),
+    }
+}
+
+/// One call on which the shadow answered differently.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShadowExample {
+    /// The hook and its input.
+    #[serde(flatten)]
+    pub call: CallInput,
+    /// The active version's answer (the one applied).
+    pub active: CallOutput,
+    /// The shadow's.
+    pub shadow: CallOutput,
+}
+
+/// The differences of one kind, e.g. `message-policy: allow → reject blocked-word`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShadowDifferences {
+    /// `<hook>: <active's kind of answer> → <shadow's>`.
+    pub kind: String,
+    /// How many calls differed so.
+    pub count: u64,
+    /// The first few.
+    pub examples: Vec<ShadowExample>,
+}
+
+/// A shadow's standing, as `/admin/plugins` shows it under the active plugin.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShadowStatus {
+    /// Its manifest version.
+    pub version: Option<String>,
+    /// `sha256:<hex>` of its component.
+    pub content_hash: Option<String>,
+    /// The contract it was built for.
+    pub contract: Option<String>,
+    /// Its calls (each compared with the active version's answer).
+    pub calls: u64,
+    /// Its failed calls.
+    pub failures: u64,
+    /// Its call p99, µs (within 25 %), to set beside the active version's.
+    pub p99_call_us: Option<u64>,
+    /// Calls compared.
+    pub compared: u64,
+    /// Of which the same decision.
+    pub agreed: u64,
+    /// Of which another decision.
+    pub differed: u64,
+    /// Calls it was not given: over `shadow.max_in_flight` at the time.
+    pub skipped: u64,
+    /// It is given one call in this many.
+    pub every: u64,
+    /// The differences, by kind, most frequent first.
+    pub differences: Vec<ShadowDifferences>,
+    /// Why its file failed to load, if it did (no shadow runs then).
+    pub last_load_error: Option<String>,
+}
+
+/// A loaded shadow version and what it found.
+pub(crate) struct Shadow {
+    pub plugin: Arc<Plugin>,
+    policy: ShadowPolicy,
+    offered: AtomicU64,
+    in_flight: AtomicUsize,
+    compared: AtomicU64,
+    agreed: AtomicU64,
+    skipped: AtomicU64,
+    differences: Mutex<BTreeMap<String, ShadowDifferences>>,
+}
+
+impl ShadowStatus {
+    /// A shadow whose file failed to load.
+    pub(crate) fn failed(error: String) -> Self {
+        Self {
+            version: None,
+            content_hash: None,
+            contract: None,
+            calls: 0,
+            failures: 0,
+            p99_call_us: None,
+            compared: 0,
+            agreed: 0,
+            differed: 0,
+            skipped: 0,
+            every: 0,
+            differences: Vec::new(),
+            last_load_error: Some(error),
+        }
+    }
+}
+
+impl Shadow {
+    pub fn new(plugin: Arc<Plugin>, policy: ShadowPolicy) -> Arc<Self> {
+        Arc::new(Self {
+            plugin,
+            policy,
+            offered: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            compared: AtomicU64::new(0),
+            agreed: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            differences: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Gives the shadow the call the active version just answered, if sampled and within
+    /// budget; the shadow's call runs in a task of its own and never delays this one.
+    pub fn offer(self: &Arc<Self>, hook: Hook, input: Input<'_>, active: &Result<Output, Failure>) {
+        if !self.plugin.hooks.contains(&hook)
+            || !self.offered.fetch_add(1, Relaxed).is_multiple_of(self.policy.every.max(1))
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if self.in_flight.fetch_add(1, Relaxed) >= self.policy.max_in_flight {
+            self.in_flight.fetch_sub(1, Relaxed);
+            self.skipped.fetch_add(1, Relaxed);
+            return;
+        }
+        let call = CallInput::of(input, false);
+        let active = CallOutput::of(active.as_ref().map_err(|f| f.message.as_str()));
+        let shadow = Arc::clone(self);
+        runtime.spawn(async move {
+            let answer = shadow.plugin.invoke(call.as_input()).await;
+            let answer = CallOutput::of(answer.as_ref().map_err(|f| f.message.as_str()));
+            shadow.compare(hook, call, active, answer);
+            shadow.in_flight.fetch_sub(1, Relaxed);
+        });
+    }
+
+    fn compare(&self, hook: Hook, call: CallInput, active: CallOutput, shadow: CallOutput) {
+        self.compared.fetch_add(1, Relaxed);
+        if active.same_decision(&shadow) {
+            self.agreed.fetch_add(1, Relaxed);
+            return;
+        }
+        let kind = format!("{hook}: {} → {}", kind(&active), kind(&shadow));
+        let mut differences = self.differences.lock();
+        let entry = differences.entry(kind.clone()).or_insert_with(|| ShadowDifferences {
+            kind,
+            count: 0,
+            examples: Vec::new(),
+        });
+        entry.count += 1;
+        if entry.examples.len() < self.policy.examples {
+            entry.examples.push(ShadowExample { call, active, shadow });
+        }
+    }
+
+    pub fn status(&self) -> ShadowStatus {
+        let stats = &self.plugin.stats;
+        let compared = self.compared.load(Relaxed);
+        let agreed = self.agreed.load(Relaxed);
+        let mut differences: Vec<ShadowDifferences> = self.differences.lock().values().cloned().collect();
+        differences.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.kind.cmp(&b.kind)));
+        ShadowStatus {
+            version: Some(self.plugin.settings.version.clone()),
+            content_hash: Some(self.plugin.content_hash.clone()),
+            contract: Some(self.plugin.contract.version().to_owned()),
+            calls: stats.calls(),
+            failures: stats.failures.load(Relaxed),
+            p99_call_us: stats.quantile(0.99).map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+            compared,
+            agreed,
+            differed: compared - agreed,
+            skipped: self.skipped.load(Relaxed),
+            every: self.policy.every,
+            differences,
+            last_load_error: self.plugin.last_load_error.lock().clone(),
+        }
+    }
+}
+
+/// Where a canary stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CanaryState {
+    /// Within its window: watched.
+    Watching,
+    /// Its window passed within bounds: it stays.
+    Passed,
+    /// It passed a bound: the previous version serves again.
+    RolledBack,
+}
+
+/// A promotion and how it went, as `/admin/plugins` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CanaryStatus {
+    /// Where it stands.
+    pub state: CanaryState,
+    /// The version promoted.
+    pub promoted_version: String,
+    /// The version it replaced.
+    pub previous_version: String,
+    /// When it was promoted, ms since the Unix epoch.
+    pub promoted_ms: u64,
+    /// The watch window, ms.
+    pub window_ms: u64,
+    /// Why it was rolled back.
+    pub why: Option<String>,
+}
+
+/// Why a promotion did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum PromoteError {
+    /// The plugin has no shadow loaded.
+    #[error("plugin `{0}` has no shadow to promote (install NAME.shadow.wasm beside NAME.wasm first)")]
+    NoShadow(String),
+    /// The plugins folder is unknown (no `load_dir`).
+    #[error("the plugin runtime has no plugins folder")]
+    NoDirectory,
+    /// Moving the files failed.
+    #[error("moving {file}: {source}")]
+    Io {
+        /// The file.
+        file: std::path::PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The promoted version failed to load as the active one.
+    #[error(transparent)]
+    Load(#[from] crate::PluginError),
+}
+
+/// Judges a promoted version against the canary bounds: `Some(why)` when it must go.
+pub(crate) fn judge(policy: &CanaryPolicy, promoted: &Plugin, previous: &Plugin) -> Option<String> {
+    if promoted.stats.is_quarantined() {
+        return Some(format!(
+            "it was quarantined after repeated failures; last failure: {}",
+            promoted.stats.last_error.lock().clone().unwrap_or_default()
+        ));
+    }
+    let calls = promoted.stats.calls();
+    if calls < policy.min_calls.max(1) {
+        return None;
+    }
+    let failures = promoted.stats.failures.load(Relaxed);
+    let ratio = failures as f64 / calls as f64;
+    if ratio > policy.max_failure_ratio {
+        return Some(format!(
+            "{failures} of its {calls} calls failed ({:.1} %, above canary.max_failure_ratio {:.1} %); last failure: {}",
+            ratio * 100.0,
+            policy.max_failure_ratio * 100.0,
+            promoted.stats.last_error.lock().clone().unwrap_or_default()
+        ));
+    }
+    let p99 = promoted.stats.quantile(0.99).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let before = previous.stats.quantile(0.99).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let bound = ((before as f64 * policy.p99_factor) as u64).max(policy.min_p99_us);
+    (p99 > bound).then(|| {
+        format!(
+            "its call p99 is {p99} µs, above {bound} µs (canary.p99_factor {} × the previous version's {before} µs, \
+             at least canary.min_p99_us)",
+            policy.p99_factor
+        )
+    })
+}
