@@ -42,6 +42,26 @@ fn build_guests() -> std::path::PathBuf {
     target.join("wasm32-wasip2/release")
 }
 
+/// Times `n` calls (`prepare` runs before each, untimed; `check` gets each answer), then
+/// yields, so that tasks a call spawned (a shadow's) run between the timed calls.
+async fn timed<T, F: std::future::Future<Output = T>>(
+    n: usize,
+    mut prepare: impl FnMut(),
+    mut call: impl FnMut() -> F,
+    mut check: impl FnMut(T),
+) -> Histogram<u64> {
+    let mut h = Histogram::<u64>::new(3).unwrap();
+    for _ in 0..n {
+        prepare();
+        let t = Instant::now();
+        let answer = call().await;
+        h.record(t.elapsed().as_nanos() as u64).unwrap();
+        check(std::hint::black_box(answer));
+        tokio::task::yield_now().await;
+    }
+    h
+}
+
 fn report(name: &str, h: &Histogram<u64>) {
     println!(
         "{name:<34} n={:<7} p50={:>7.2} µs  p90={:>7.2} µs  p99={:>7.2} µs  p99.9={:>7.2} µs  max={:>8.2} µs",
@@ -79,37 +99,17 @@ fn main() {
         for _ in 0..warm {
             host.message_policy(&message).await;
         }
-        let mut h = Histogram::<u64>::new(3).unwrap();
-        for _ in 0..pooled {
-            let t = Instant::now();
-            let d = host.message_policy(&message).await;
-            h.record(t.elapsed().as_nanos() as u64).unwrap();
-            std::hint::black_box(d);
-        }
+        let h = timed(pooled, || {}, || host.message_policy(&message), drop).await;
         report("message-policy + 1 KV, pooled", &h);
 
-        let mut h = Histogram::<u64>::new(3).unwrap();
-        for _ in 0..cold {
-            host.drain_pool("echo");
-            let t = Instant::now();
-            let d = host.message_policy(&message).await;
-            h.record(t.elapsed().as_nanos() as u64).unwrap();
-            std::hint::black_box(d);
-        }
+        let h = timed(cold, || _ = host.drain_pool("echo"), || host.message_policy(&message), drop).await;
         report("message-policy, empty pool", &h);
 
         // The same call with a shadow attached: the active call hands the shadow its input
         // (a clone and a task); the shadow's call runs after it, between the timed calls.
         std::fs::copy(guests.join("echo_v2.wasm"), dir.path().join("echo.shadow.wasm")).unwrap();
         host.reload().await.unwrap();
-        let mut h = Histogram::<u64>::new(3).unwrap();
-        for _ in 0..pooled {
-            let t = Instant::now();
-            let d = host.message_policy(&message).await;
-            h.record(t.elapsed().as_nanos() as u64).unwrap();
-            std::hint::black_box(d);
-            tokio::task::yield_now().await;
-        }
+        let h = timed(pooled, || {}, || host.message_policy(&message), drop).await;
         report("message-policy + 1 KV, with a shadow", &h);
         let shadow = host.plugin_status("echo").and_then(|s| s.shadow).unwrap();
         println!("{:<34} shadow compared {} calls, skipped {}", "", shadow.compared, shadow.skipped);
@@ -129,13 +129,10 @@ fn main() {
             for _ in 0..calls / 10 {
                 host.deliver_filter(&delivery).await;
             }
-            let mut h = Histogram::<u64>::new(3).unwrap();
-            for _ in 0..calls {
-                let t = Instant::now();
-                let dropped = host.deliver_filter(&delivery).await;
-                h.record(t.elapsed().as_nanos() as u64).unwrap();
+            let check = |dropped: std::collections::HashSet<String>| {
                 assert_eq!(dropped.len(), usize::from(recipients > 7));
-            }
+            };
+            let h = timed(calls, || {}, || host.deliver_filter(&delivery), check).await;
             report(&format!("deliver-filter, {recipients} recipients"), &h);
             println!("{:<34} p50={:>7.1} ns per recipient", "", h.value_at_quantile(0.50) as f64 / recipients as f64);
         }

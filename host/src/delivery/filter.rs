@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 
 use crate::model::{Message, UserId};
+use crate::plugins::{Hook, PluginHost, types};
 
 /// Decides which recipients of a message are dropped.
 #[async_trait]
@@ -21,4 +22,29 @@ pub trait RecipientFilter: Send + Sync {
 
     /// Of `recipients` (never the sender), those who must not get `message`.
     async fn dropped(&self, message: &Message, recipients: &[UserId]) -> HashSet<UserId>;
+}
+
+/// The `deliver-filter` hook as delivery's [`RecipientFilter`]: one call per batch of
+/// recipients, only when a plugin exports the hook.
+#[async_trait::async_trait]
+impl RecipientFilter for PluginHost {
+    fn active(&self) -> bool {
+        self.has_hook(Hook::DeliverFilter)
+    }
+
+    async fn dropped(&self, message: &Message, recipients: &[UserId]) -> HashSet<UserId> {
+        let delivery = types::Delivery {
+            conversation: message.conversation.to_string(),
+            seq: message.seq,
+            sender: message.sender.to_string(),
+            kind: message.kind,
+            body: message.body.to_vec(),
+            recipients: recipients.iter().map(ToString::to_string).collect(),
+        };
+        let dropped = self.deliver_filter(&delivery).await;
+        if dropped.is_empty() {
+            return HashSet::new();
+        }
+        recipients.iter().filter(|user| dropped.contains(user.as_str())).cloned().collect()
+    }
 }

@@ -6,11 +6,7 @@
 //! deadline or hits a limit costs only that call, and the hook's failure policy (or the
 //! built-in default, ARCHITECTURE.md §4) answers instead.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-
-use crate::delivery::filter::RecipientFilter;
-use crate::model::{Message, UserId};
 
 pub use herald_plugin_runtime::types;
 pub use herald_plugin_runtime::{
@@ -79,30 +75,5 @@ impl Plugins {
             }
         };
         Ok(Self { host, _watcher: Mutex::new(watcher) })
-    }
-}
-
-/// The `deliver-filter` hook as delivery's [`RecipientFilter`]: one call per batch of
-/// recipients, only when a plugin exports the hook.
-#[async_trait::async_trait]
-impl RecipientFilter for PluginHost {
-    fn active(&self) -> bool {
-        self.has_hook(Hook::DeliverFilter)
-    }
-
-    async fn dropped(&self, message: &Message, recipients: &[UserId]) -> HashSet<UserId> {
-        let delivery = types::Delivery {
-            conversation: message.conversation.to_string(),
-            seq: message.seq,
-            sender: message.sender.to_string(),
-            kind: message.kind,
-            body: message.body.to_vec(),
-            recipients: recipients.iter().map(ToString::to_string).collect(),
-        };
-        let dropped = self.deliver_filter(&delivery).await;
-        if dropped.is_empty() {
-            return HashSet::new();
-        }
-        recipients.iter().filter(|user| dropped.contains(user.as_str())).cloned().collect()
     }
 }

@@ -6,22 +6,13 @@
 //! built by scripts/test.sh into `target/plugin-guests`), configured so that bob has
 //! blocked alice.
 
-use herald_proto::v1::frame::Body;
-
 use super::client::Client;
 use super::hostile::guest;
+use super::rooms::kept_deliver_of;
 use super::server::Herald;
 
 const GROUP: &str = "grp:team";
 const ROOM: &str = "room:lobby";
-
-/// Whether `client` kept (received and left unclaimed) a deliver of message `id`.
-fn kept_deliver_of(client: &Client, id: u64) -> bool {
-    client
-        .kept()
-        .iter()
-        .any(|f| matches!(&f.body, Some(Body::Deliver(d)) if d.message.as_ref().is_some_and(|m| m.id == id)))
-}
 
 async fn herald_where_bob_blocked_alice() -> (Herald, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("plugins dir");

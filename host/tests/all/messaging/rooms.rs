@@ -10,7 +10,7 @@ use super::server::Herald;
 const ROOM: &str = "room:lobby";
 
 /// Whether `client` kept a deliver of message `id`.
-fn kept_deliver_of(client: &Client, id: u64) -> bool {
+pub(super) fn kept_deliver_of(client: &Client, id: u64) -> bool {
     client
         .kept()
         .iter()

@@ -1,5 +1,6 @@
-//! Shadow and promotion through the admin API: a shadow's answers are compared on live
-//! traffic and never applied; promoted, its answers are.
+//! Shadow and promotion through the admin API: a shadow that rejects what the active
+//! version allows shows the differences on live traffic and changes no delivery; promoted,
+//! its decisions apply.
 
 use serde_json::{Value, json};
 
@@ -18,18 +19,20 @@ async fn echo_status(herald: &Herald) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shadow_is_compared_on_live_traffic_and_applied_only_once_promoted() {
+async fn a_rejecting_shadow_shows_its_differences_changes_no_delivery_and_applies_once_promoted() {
     let dir = tempfile::tempdir().expect("plugins dir");
     std::fs::copy(guest("echo_v1"), dir.path().join("echo.wasm")).expect("copy echo-v1");
-    std::fs::copy(guest("echo_v2"), dir.path().join("echo.shadow.wasm")).expect("copy echo-v2");
+    std::fs::copy(guest("word_filter"), dir.path().join("echo.shadow.wasm")).expect("copy word-filter");
+    std::fs::write(dir.path().join("echo.shadow.toml"), "[config]\nblocked_words = [\"spam\"]\n").expect("manifest");
     let herald = Herald::with().set("PLUGINS", dir.path().display()).start().await;
     let mut alice = Client::connect(&herald, "alice", "laptop").await;
     let mut bob = Client::connect(&herald, "bob", "phone").await;
 
-    alice.send_ok(DM, "version?").await;
-    alice.send_ok(DM, "hello").await;
-    let got = bob.deliver_in(DM).await.message.expect("a message");
-    assert_eq!(got.body.as_ref(), b"echo-v1", "the active version's rewrite is applied");
+    // The active version allows both; the shadow would reject the first. Both are delivered.
+    let spam = alice.send_ok(DM, "buy spam now").await;
+    let fine = alice.send_ok(DM, "hello").await;
+    assert_eq!(bob.deliver_of(spam.message_id).await.message.map(|m| m.body.to_vec()), Some(b"buy spam now".to_vec()));
+    bob.deliver_of(fine.message_id).await;
     let mut echo = echo_status(&herald).await;
     for _ in 0..100 {
         if echo["shadow"]["compared"] == 2 {
@@ -40,15 +43,17 @@ async fn a_shadow_is_compared_on_live_traffic_and_applied_only_once_promoted() {
     }
     let shadow = &echo["shadow"];
     assert_eq!((shadow["compared"].clone(), shadow["differed"].clone()), (json!(2), json!(1)), "{echo}");
-    assert_eq!(shadow["differences"][0]["kind"], "message-policy: rewrite → rewrite", "{echo}");
+    let kind = &shadow["differences"][0];
+    assert_eq!(kind["kind"], "message-policy: allow → reject blocked-word", "{echo}");
+    assert_eq!(kind["examples"][0]["input"]["body"], json!(b"buy spam now".to_vec()), "{echo}");
 
+    // Promoted, the shadow decides.
     let promoted = herald.post("/admin/plugins/echo/promote", Some("dev-key"), &json!({})).await;
     assert_eq!(promoted.status, 200, "{}", promoted.body);
     assert_eq!(promoted.json()["plugin"]["canary"]["state"], "watching", "{}", promoted.body);
-    alice.send_ok(DM, "version?").await;
-    let got = bob.deliver_in(DM).await.message.expect("a message");
-    let got = if got.body.as_ref() == b"hello" { bob.deliver_in(DM).await.message.expect("a message") } else { got };
-    assert_eq!(got.body.as_ref(), b"echo-v2", "the promoted version's rewrite is applied");
+    let reason = alice.send_rejected(DM, "more spam").await;
+    assert!(reason.contains("blocked-word"), "{reason}");
+    alice.send_ok(DM, "still fine").await;
 
     let again = herald.post("/admin/plugins/echo/promote", Some("dev-key"), &json!({})).await;
     assert_eq!(again.status, 404, "{}", again.body);
