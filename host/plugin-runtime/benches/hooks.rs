@@ -1,6 +1,6 @@
 //! Hook call overhead through the whole runtime, printed as percentiles.
 //!
-//! `cargo bench -p herald-plugin-runtime --bench hooks`
+//! `cargo bench -p herald-plugin-runtime --bench hooks` (with mimalloc, as `herald` runs)
 //!
 //! * `message-policy, pooled`: pool checkout, epoch deadline, call into the component (one
 //!   record lowered, one KV read through the host import), result lifted, instance returned.
@@ -25,6 +25,10 @@ use herald_plugin_runtime::{
     types::{Delivery, Message},
 };
 use std::{path::Path, process::Command, time::Instant};
+
+/// As in the `herald` binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn build_guests() -> std::path::PathBuf {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));

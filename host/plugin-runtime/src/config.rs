@@ -152,7 +152,8 @@ pub struct ShadowPolicy {
     /// The shadow gets one call in `every` of the active version's (1: all of them; a
     /// stateful plugin, such as a rate limiter, is only comparable at 1).
     pub every: u64,
-    /// Shadow calls running at once at most; a call beyond is skipped (and counted).
+    /// Shadow calls waiting at most (a shadow's calls run one at a time, in order); a call
+    /// beyond is skipped (and counted).
     pub max_in_flight: usize,
     /// Examples kept per kind of difference.
     pub examples: usize,

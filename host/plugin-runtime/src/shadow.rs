@@ -4,7 +4,7 @@
 //! * **Shadow.** `NAME.shadow.wasm` (with `NAME.shadow.toml`) beside `NAME.wasm` is loaded
 //!   as NAME's shadow: every call of the active version (or one in `shadow.every`) is
 //!   given, with the same input, to the shadow too — in a task of its own, after the active
-//!   call answered, within `shadow.max_in_flight` — and the two answers are compared. Its
+//!   call answered, at most `shadow.max_in_flight` waiting — and the two answers are compared. Its
 //!   answers are never applied. It runs in a KV and rate-limiter scope of its own
 //!   (`NAME.shadow`), so it cannot disturb the active version's state. `/admin/plugins`
 //!   shows how many decisions differed, by kind, with a few examples of each, and its
@@ -27,7 +27,7 @@ use std::{
     collections::BTreeMap,
     sync::{
         Arc,
-        atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed},
+        atomic::{AtomicU64, Ordering::Relaxed},
     },
 };
 
@@ -104,7 +104,7 @@ pub struct ShadowStatus {
     pub agreed: u64,
     /// Of which another decision.
     pub differed: u64,
-    /// Calls it was not given: over `shadow.max_in_flight` at the time.
+    /// Calls it was not given: `shadow.max_in_flight` were waiting already.
     pub skipped: u64,
     /// It is given one call in this many.
     pub every: u64,
@@ -114,12 +114,16 @@ pub struct ShadowStatus {
     pub last_load_error: Option<String>,
 }
 
+/// A call handed to the shadow: its hook, input and the active version's answer.
+type Offer = (Hook, CallInput, CallOutput);
+
 /// A loaded shadow version and what it found.
 pub(crate) struct Shadow {
     pub plugin: Arc<Plugin>,
     policy: ShadowPolicy,
     offered: AtomicU64,
-    in_flight: AtomicUsize,
+    /// To the shadow's worker task, bounded by `max_in_flight`: a full queue skips the call.
+    queue: Option<tokio::sync::mpsc::Sender<Offer>>,
     compared: AtomicU64,
     agreed: AtomicU64,
     skipped: AtomicU64,
@@ -148,42 +152,53 @@ impl ShadowStatus {
 }
 
 impl Shadow {
+    /// A shadow of `plugin`, and its worker task: one shadow call at a time, in order, off
+    /// the paths that serve messages. Without a tokio runtime (a throwaway host) it is given
+    /// nothing.
     pub fn new(plugin: Arc<Plugin>, policy: ShadowPolicy) -> Arc<Self> {
-        Arc::new(Self {
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let (queue, mut offers) = tokio::sync::mpsc::channel::<Offer>(policy.max_in_flight.max(1));
+        let shadow = Arc::new(Self {
             plugin,
             policy,
             offered: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
+            queue: runtime.is_some().then_some(queue),
             compared: AtomicU64::new(0),
             agreed: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             differences: Mutex::new(BTreeMap::new()),
-        })
+        });
+        if let Some(runtime) = runtime {
+            // Holds the shadow weakly: the worker ends when the shadow is dropped (and its
+            // queue's sender with it).
+            let weak = Arc::downgrade(&shadow);
+            runtime.spawn(async move {
+                while let Some((hook, call, active)) = offers.recv().await {
+                    let Some(shadow) = weak.upgrade() else { return };
+                    let answer = shadow.plugin.invoke(call.as_input()).await;
+                    let answer = CallOutput::of(answer.as_ref().map_err(|f| f.message.as_str()));
+                    shadow.compare(hook, call, active, answer);
+                }
+            });
+        }
+        shadow
     }
 
     /// Gives the shadow the call the active version just answered, if sampled and within
-    /// budget; the shadow's call runs in a task of its own and never delays this one.
-    pub fn offer(self: &Arc<Self>, hook: Hook, input: Input<'_>, active: &Result<Output, Failure>) {
-        if !self.plugin.hooks.contains(&hook)
-            || !self.offered.fetch_add(1, Relaxed).is_multiple_of(self.policy.every.max(1))
-        {
+    /// budget: a copy of the input goes to the shadow's worker, so this call never waits
+    /// for the shadow's.
+    pub fn offer(&self, hook: Hook, input: Input<'_>, active: &Result<Output, Failure>) {
+        let every = self.policy.every.max(1);
+        if !self.plugin.hooks.contains(&hook) || !self.offered.fetch_add(1, Relaxed).is_multiple_of(every) {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        if self.in_flight.fetch_add(1, Relaxed) >= self.policy.max_in_flight {
-            self.in_flight.fetch_sub(1, Relaxed);
+        let Some(queue) = &self.queue else { return };
+        let Ok(permit) = queue.try_reserve() else {
             self.skipped.fetch_add(1, Relaxed);
             return;
-        }
-        let call = CallInput::of(input, false);
+        };
         let active = CallOutput::of(active.as_ref().map_err(|f| f.message.as_str()));
-        let shadow = Arc::clone(self);
-        runtime.spawn(async move {
-            let answer = shadow.plugin.invoke(call.as_input()).await;
-            let answer = CallOutput::of(answer.as_ref().map_err(|f| f.message.as_str()));
-            shadow.compare(hook, call, active, answer);
-            shadow.in_flight.fetch_sub(1, Relaxed);
-        });
+        permit.send((hook, CallInput::of(input, false), active));
     }
 
     fn compare(&self, hook: Hook, call: CallInput, active: CallOutput, shadow: CallOutput) {
