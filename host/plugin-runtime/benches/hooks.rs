@@ -24,27 +24,13 @@ use herald_plugin_runtime::{
     PluginHost, PluginHostConfig,
     types::{Delivery, Message},
 };
-use std::{path::Path, process::Command, time::Instant};
+use std::time::Instant;
+
+mod common;
 
 /// As in the `herald` binary.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn build_guests() -> std::path::PathBuf {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = crate_dir.join("../../target/plugin-guests");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
-        .arg(crate_dir.join("tests/guests/Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .status()
-        .expect("running cargo");
-    assert!(status.success(), "building the guest plugins failed");
-    target.join("wasm32-wasip2/release")
-}
 
 /// Times `n` calls (`prepare` runs before each, untimed; `check` gets each answer), then
 /// yields, so that tasks a call spawned (a shadow's) run between the timed calls.
@@ -81,7 +67,7 @@ fn report(name: &str, h: &Histogram<u64>) {
 fn main() {
     // `cargo test --benches` runs benches with `--test`; stay quick then.
     let quick = std::env::args().any(|a| a == "--test");
-    let guests = build_guests();
+    let guests = common::build_test_guests();
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(guests.join("echo_v1.wasm"), dir.path().join("echo.wasm")).unwrap();
     std::fs::copy(guests.join("block_list.wasm"), dir.path().join("block-list.wasm")).unwrap();

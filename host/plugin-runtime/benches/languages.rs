@@ -33,32 +33,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-const MANIFEST: &str = r#"
-name = "word-filter"
-hooks = ["message-policy"]
+mod common;
 
-[limits]
-memory_mib = 64
-deadline_ms = 1000
-
-[config]
-blocked_words = ["spam", "scam", "grüße"]
-"#;
+/// The manifest all three load with (the same as the `languages` tests').
+const MANIFEST: &str = include_str!("../tests/guests/word-filter/plugin.toml");
 
 fn build() -> Vec<(&'static str, PathBuf)> {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let root = crate_dir.join("../..");
-    let target = root.join("target/plugin-guests");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
-        .arg(crate_dir.join("tests/guests/Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .status()
-        .expect("running cargo");
-    assert!(status.success(), "building the guest plugins failed");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let guests = common::build_test_guests();
     let status = Command::new("bash")
         .args(["-c", ". scripts/lib.sh && build_language_guests"])
         .current_dir(&root)
@@ -67,7 +49,7 @@ fn build() -> Vec<(&'static str, PathBuf)> {
     assert!(status.success(), "scripts/lib.sh build_language_guests failed (its error is above)");
     let languages = root.join("target/language-guests");
     vec![
-        ("Rust", target.join("wasm32-wasip2/release/word_filter.wasm")),
+        ("Rust", guests.join("word_filter.wasm")),
         ("Python", languages.join("word_filter_py.wasm")),
         ("JavaScript", languages.join("word_filter_js.wasm")),
     ]

@@ -59,10 +59,7 @@ fn sample_message() -> Message {
 /// no hooks, hooks differing from the manifest, or a failed instantiation.
 pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
     let host = PluginHost::embedded(PluginHostConfig::default())?;
-    let file = path.as_ref().to_path_buf();
-    let source = tokio::task::spawn_blocking(move || Source::read(file))
-        .await
-        .map_err(|e| PluginError::Task(e.to_string()))??;
+    let source = Source::read_off_thread(path.as_ref().to_path_buf()).await?;
     let plugin = Plugin::load(&host.inner.runtime, source, &host.inner.deps, None, &[]).await?;
     let message = sample_message();
     let announcement = Announcement {

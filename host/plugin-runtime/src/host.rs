@@ -312,18 +312,13 @@ impl PluginHost {
     /// Loads `file` unless the serving version has the same bytes and manifest.
     /// Returns the plugin's name, its new slot and, when the file was refused, why.
     async fn load_slot(&self, current: &Registry, file: PathBuf) -> (String, Slot, Option<PluginError>) {
-        let read = {
-            let file = file.clone();
-            tokio::task::spawn_blocking(move || Source::read(file)).await
-        };
-        let source = match read {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Self::keep_old(current, &file, e),
-            Err(e) => return Self::keep_old(current, &file, PluginError::Task(e.to_string())),
+        let source = match Source::read_off_thread(file.clone()).await {
+            Ok(s) => s,
+            Err(e) => return Self::keep_old(current, &file, e),
         };
         let name = source.name.clone();
         if let Some(Slot::Loaded(old)) = current.slots.get(&name)
-            && old.fingerprint == source.fingerprint()
+            && old.fingerprint == source.fingerprint
         {
             *old.last_load_error.lock() = None;
             return (name, Slot::Loaded(old.clone()), None);
@@ -534,10 +529,7 @@ impl PluginHost {
         let moves = [(name.to_owned(), format!("{name}{PREVIOUS}")), (format!("{name}{SHADOW}"), name.to_owned())];
         move_files(&dir, &moves).await?;
         let loaded = async {
-            let file = dir.join(format!("{name}.wasm"));
-            let source = tokio::task::spawn_blocking(move || Source::read(file))
-                .await
-                .map_err(|e| PluginError::Task(e.to_string()))??;
+            let source = Source::read_off_thread(dir.join(format!("{name}.wasm"))).await?;
             Plugin::load(&self.inner.runtime, source, &self.inner.deps, previous.as_deref(), &[&shadow.plugin]).await
         };
         let promoted = match loaded.await {

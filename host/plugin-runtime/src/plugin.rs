@@ -39,12 +39,16 @@ pub(crate) struct Deps {
     pub clock: Arc<dyn crate::Clock>,
 }
 
-/// A plugin file's bytes and sidecar, read off the hot path.
+/// A plugin file's bytes and sidecar, read (and hashed) off the hot path.
 pub(crate) struct Source {
     pub name: String,
     pub file: PathBuf,
     pub wasm: Vec<u8>,
     pub manifest: Option<(PathBuf, String)>,
+    /// `sha256:<hex>` of the component bytes.
+    pub content_hash: String,
+    /// Identifies this exact source (component bytes and manifest text).
+    pub fingerprint: String,
 }
 
 impl Source {
@@ -63,17 +67,19 @@ impl Source {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(source) => return Err(PluginError::Io { path: sidecar, source }),
         };
-        Ok(Self { name, file, wasm, manifest })
-    }
-
-    /// Identifies this exact source (component bytes and manifest text).
-    pub fn fingerprint(&self) -> String {
+        let content_hash = format!("sha256:{}", hex(&Sha256::digest(&wasm)));
         let mut h = Sha256::new();
-        h.update(&self.wasm);
-        if let Some((_, text)) = &self.manifest {
+        h.update(&wasm);
+        if let Some((_, text)) = &manifest {
             h.update(text.as_bytes());
         }
-        hex(&h.finalize())
+        let fingerprint = hex(&h.finalize());
+        Ok(Self { name, file, wasm, manifest, content_hash, fingerprint })
+    }
+
+    /// [`Source::read`] on a blocking thread.
+    pub async fn read_off_thread(file: PathBuf) -> Result<Self, PluginError> {
+        tokio::task::spawn_blocking(move || Self::read(file)).await.map_err(|e| PluginError::Task(e.to_string()))?
     }
 }
 
@@ -371,8 +377,7 @@ impl Plugin {
                 max: deps.config.max_memory_mib,
             });
         }
-        let fingerprint = source.fingerprint();
-        let content_hash = format!("sha256:{}", hex(&Sha256::digest(&source.wasm)));
+        let Source { wasm, content_hash, fingerprint, file, .. } = source;
         let same_bytes = previous.into_iter().chain(compiled.iter().copied()).find(|p| p.content_hash == content_hash);
         let component = match same_bytes {
             Some(previous) => previous.component.clone(),
@@ -380,7 +385,6 @@ impl Plugin {
                 runtime.compilations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 metrics::counter!("herald_plugin_compilations_total").increment(1);
                 let engine = runtime.engine.clone();
-                let wasm = source.wasm;
                 tokio::task::spawn_blocking(move || Component::new(&engine, &wasm))
                     .await
                     .map_err(|e| PluginError::Task(e.to_string()))?
@@ -431,7 +435,7 @@ impl Plugin {
         });
         let plugin = Plugin {
             name: ctx.name.clone(),
-            file: source.file,
+            file,
             settings,
             hooks,
             contract,

@@ -20,11 +20,7 @@ use crate::{
     recording::{CallInput, CallOutput, FORMAT_VERSION, Header, Record},
 };
 use serde::Serialize;
-use std::{
-    io::BufRead,
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+use std::{io::BufRead, path::Path, sync::Arc};
 
 /// One decision that changed.
 #[derive(Debug, Clone, Serialize)]
@@ -99,10 +95,7 @@ pub async fn replay(plugin: impl AsRef<Path>, recording: impl AsRef<Path>) -> Re
         Arc::new(BuiltinDefaults),
         c,
     )?;
-    let file: PathBuf = plugin.as_ref().to_path_buf();
-    let source = tokio::task::spawn_blocking(move || Source::read(file))
-        .await
-        .map_err(|e| PluginError::Task(e.to_string()))??;
+    let source = Source::read_off_thread(plugin.as_ref().to_path_buf()).await?;
     let plugin = Plugin::load(&host.inner.runtime, source, &host.inner.deps, None, &[]).await?;
     let mut report = ReplayReport {
         recording: header,

@@ -72,19 +72,9 @@ pub fn word_filters() -> Vec<Guest> {
     ]
 }
 
-/// The manifest all three load with. Python and JavaScript components embed an interpreter
-/// (CPython, StarlingMonkey) whose memory starts at tens of MiB, hence `memory_mib`.
-pub const MANIFEST: &str = r#"
-name = "word-filter"
-hooks = ["message-policy"]
-
-[limits]
-memory_mib = 64
-deadline_ms = 1000
-
-[config]
-blocked_words = ["spam", "scam", "grüße"]
-"#;
+/// The manifest all three load with (`tests/guests/word-filter/plugin.toml`, which says why
+/// `memory_mib` is 64).
+pub const MANIFEST: &str = include_str!("../guests/word-filter/plugin.toml");
 
 /// Loads `guest` as `word-filter` with `manifest` into a fresh host.
 async fn load(guest: &Guest, manifest: &str) -> TestHost {
