@@ -1,16 +1,20 @@
 //! The admin page at `/admin`, in headless Chromium against a real server with a plugin
 //! loaded: without the right key it shows no data; with it, the plugin with its version and
 //! calls, the tier and why, the store's breaker, and charts that move while messages flow;
-//! the reload button reloads the plugins. A screenshot is kept as a test artifact
-//! (`target/test-artifacts/admin-page.png`).
+//! the reload button reloads the plugins. A plugin with a shadow shows how the shadow's
+//! decisions differ, and its Promote button makes the shadow serve, watched as a canary.
+//! Screenshots are kept as test artifacts (`target/test-artifacts/admin-page*.png`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use serde_json::json;
+
 use super::cdp::{Browser, Page, js_string};
 use super::client::Client;
+use super::hostile::guest;
 use super::plugins::install;
 use super::server::{DEV_KEY, Herald};
 
@@ -22,6 +26,21 @@ fn artifact(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"), PathBuf::from);
     target.join("test-artifacts").join(name)
+}
+
+/// A browser on `herald`'s admin page, once its login form is there.
+async fn open_admin_page(herald: &Herald) -> (Browser, Page) {
+    let mut browser = Browser::launch().await;
+    let page = browser.open(&format!("http://127.0.0.1:{}/admin", herald.port), "admin").await;
+    browser
+        .wait_until(
+            &page,
+            "document.readyState === 'complete' && !!document.getElementById('key')",
+            "the login form",
+            PAGE_WAIT,
+        )
+        .await;
+    (browser, page)
 }
 
 /// Logs in with `key` through the page's form.
@@ -97,16 +116,7 @@ async fn the_admin_page_shows_plugins_tier_breakers_and_live_charts_only_with_th
         assert_eq!(herald.get(endpoint, Some("dev-kez")).await.status, 401, "{endpoint} with a wrong key");
     }
 
-    let mut browser = Browser::launch().await;
-    let page = browser.open(&format!("http://127.0.0.1:{}/admin", herald.port), "admin").await;
-    browser
-        .wait_until(
-            &page,
-            "document.readyState === 'complete' && !!document.getElementById('key')",
-            "the login form",
-            PAGE_WAIT,
-        )
-        .await;
+    let (mut browser, page) = open_admin_page(&herald).await;
 
     // A wrong key: refused, and nothing shown.
     log_in(&mut browser, &page, "dev-kez").await;
@@ -209,4 +219,123 @@ async fn the_admin_page_shows_plugins_tier_breakers_and_live_charts_only_with_th
     // Log out: the data is gone from the page.
     browser.click(&page, "logout").await;
     assert!(shows_nothing(&mut browser, &page).await, "no data after logging out");
+}
+
+/// The kind of difference the word-filter shadow finds beside echo on a blocked word.
+const BLOCKED: &str = "message-policy: allow → reject blocked-word";
+
+/// A JavaScript expression for the row of plugin `name` (`tr[data-plugin]`).
+fn plugin_row(name: &str) -> String {
+    format!("document.querySelector('#plugins tr[data-plugin=' + JSON.stringify({}) + ']')", js_string(name))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_page_shows_a_shadows_differences_and_its_promote_button_makes_it_serve() {
+    // echo 1.0.0 allows everything; its shadow, word-filter as 2.0.0, rejects "spam".
+    let dir = tempfile::tempdir().expect("plugins dir");
+    std::fs::copy(guest("echo_v1"), dir.path().join("echo.wasm")).expect("copy echo-v1");
+    std::fs::write(dir.path().join("echo.toml"), "version = \"1.0.0\"\n").expect("echo manifest");
+    std::fs::copy(guest("word_filter"), dir.path().join("echo.shadow.wasm")).expect("copy word-filter");
+    std::fs::write(dir.path().join("echo.shadow.toml"), "version = \"2.0.0\"\n[config]\nblocked_words = [\"spam\"]\n")
+        .expect("shadow manifest");
+    let herald = Herald::with().set("PLUGINS", dir.path().display()).start().await;
+    let recording = herald.post("/admin/plugins/echo/recording", Some(DEV_KEY), &json!({})).await;
+    assert_eq!(recording.status, 200, "{}", recording.body);
+
+    // The active version lets it through; the shadow would have rejected it.
+    let mut alice = Client::connect(&herald, "alice", "laptop").await;
+    alice.send_ok("dm:alice:bob", "buy spam now").await;
+
+    let (mut browser, page) = open_admin_page(&herald).await;
+    log_in(&mut browser, &page, DEV_KEY).await;
+
+    // The shadow's sub-row: the difference by kind, counted, its example's input shown.
+    let difference = format!(
+        "document.querySelector('tr.shadow-row[data-shadow-of=\"echo\"] li[data-kind=' + JSON.stringify({}) + ']')",
+        js_string(BLOCKED)
+    );
+    let count = browser
+        .wait_until(
+            &page,
+            &format!("(() => {{ const item = {difference}; return item ? Number(item.dataset.count) : 0; }})()"),
+            "the shadow's sub-row to count a blocked-word difference",
+            PAGE_WAIT,
+        )
+        .await;
+    assert!(count.as_f64().is_some_and(|count| count >= 1.0), "{count}");
+    let item = browser.run(&page, &format!("{difference}.textContent")).await;
+    let item = item.as_str().unwrap_or_default();
+    assert!(item.contains(&format!("{BLOCKED} ×")), "the kind and its count: {item}");
+    assert!(item.contains("buy spam now"), "the first example's body as text: {item}");
+    let shadow = browser.run(&page, "document.querySelector('tr.shadow-row[data-shadow-of=\"echo\"]').innerText").await;
+    let shadow = shadow.as_str().unwrap_or_default();
+    assert!(shadow.contains("2.0.0") && shadow.contains("differed 1"), "the shadow's version and tally: {shadow}");
+
+    // The plugin's own row: its version, its contract and its recording.
+    let row = plugin_row("echo");
+    let active = browser
+        .run(
+            &page,
+            &format!(
+                "(() => {{ const row = {row}; return [row.dataset.version, row.dataset.hash, row.innerText]; }})()"
+            ),
+        )
+        .await;
+    assert_eq!(active[0], "1.0.0", "{active}");
+    let old_hash = active[1].as_str().unwrap_or_default().to_owned();
+    let text = active[2].as_str().unwrap_or_default();
+    assert!(text.contains("contract 0."), "the contract version: {text}");
+    let recorded = browser
+        .wait_until(
+            &page,
+            "(() => { const line = document.getElementById('recording-echo'); \
+             return line && line.dataset.recording === 'active' && Number(line.dataset.records) >= 1 ? line.innerText : ''; })()",
+            "the recording line to count the send",
+            PAGE_WAIT,
+        )
+        .await;
+    assert!(recorded.as_str().is_some_and(|text| text.contains(".jsonl")), "the recording's file: {recorded}");
+
+    // Unfolded, the example stays open across the page's redraws.
+    browser.run(&page, &format!("{difference}.querySelector('summary').click(), true")).await;
+    let drawn = browser.run(&page, "document.getElementById('updated').textContent").await;
+    browser
+        .wait_until(
+            &page,
+            &format!(
+                "document.getElementById('updated').textContent !== {} && {difference}.querySelector('details').open",
+                js_string(drawn.as_str().unwrap_or_default())
+            ),
+            "a redraw with the example still unfolded",
+            PAGE_WAIT,
+        )
+        .await;
+    let path = artifact("admin-page-shadow.png");
+    browser.screenshot(&page, 1280, 1000, &path).await;
+    let png = std::fs::read(&path).expect("the screenshot");
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a real screenshot at {}", path.display());
+
+    // Promote: the row shows the shadow's version serving, watched as a canary, and the
+    // shadow's sub-row is gone.
+    browser.click(&page, "promote-echo").await;
+    let canary = browser
+        .wait_until(
+            &page,
+            &format!(
+                "(() => {{ const row = {row}; const badge = document.getElementById('canary-echo'); \
+                 return row && row.dataset.version === '2.0.0' && row.dataset.hash !== {} && badge \
+                 && !document.querySelector('tr.shadow-row') ? badge.dataset.canary : ''; }})()",
+                js_string(&old_hash)
+            ),
+            "the promoted version in echo's row with its canary badge",
+            PAGE_WAIT,
+        )
+        .await;
+    assert!(canary == "watching" || canary == "passed", "the canary's state: {canary}");
+    let result = browser.run(&page, "document.getElementById('shadow-result-echo').textContent").await;
+    assert!(result.as_str().is_some_and(|text| text.starts_with("promoted 2.0.0")), "{result}");
+
+    // The button did promote: the former shadow decides now.
+    let reason = alice.send_rejected("dm:alice:bob", "more spam").await;
+    assert!(reason.contains("blocked-word"), "{reason}");
 }
