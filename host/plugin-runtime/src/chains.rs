@@ -41,7 +41,8 @@ impl PluginHost {
     }
 
     /// Calls `plugin`; on failure returns the policy to apply. Its shadow, if it has one,
-    /// is then given the same input (in a task of its own: this call does not wait).
+    /// is then given the same input (queued for the shadow's worker: this call does not
+    /// wait).
     async fn call(
         registry: &crate::host::Registry,
         plugin: &Plugin,

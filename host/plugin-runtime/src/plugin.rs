@@ -43,43 +43,103 @@ pub(crate) struct Deps {
 pub(crate) struct Source {
     pub name: String,
     pub file: PathBuf,
-    pub wasm: Vec<u8>,
+    /// The component bytes; `None` when the file is the one the serving version was read
+    /// from, unchanged (see [`FileStamp`]): its compiled code is reused, so the bytes are
+    /// neither read nor hashed again.
+    pub wasm: Option<Vec<u8>>,
     pub manifest: Option<(PathBuf, String)>,
     /// `sha256:<hex>` of the component bytes.
     pub content_hash: String,
     /// Identifies this exact source (component bytes and manifest text).
     pub fingerprint: String,
+    /// The component file's identity when it was read.
+    pub stamp: Option<FileStamp>,
 }
 
+/// What tells that a file is unchanged without reading it: its device and inode, size, and
+/// modification and status-change times. Every write or rename changes the status-change
+/// time, and nothing can set it back (unlike the modification time, which `cp -p` or
+/// `touch -d` can).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    #[cfg(unix)]
+    fn of(meta: &std::fs::Metadata) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        Some(Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        })
+    }
+
+    /// Elsewhere there is no status-change time to trust: every read reads the bytes.
+    #[cfg(not(unix))]
+    fn of(_: &std::fs::Metadata) -> Option<Self> {
+        None
+    }
+}
+
+/// A version already read from a file: its stamp then, and its content hash.
+pub(crate) type Known<'a> = Option<(&'a FileStamp, &'a str)>;
+
 impl Source {
-    /// Reads `NAME.wasm` and, if present, `NAME.toml` beside it.
-    pub fn read(file: PathBuf) -> Result<Self, PluginError> {
+    /// Reads `NAME.wasm` and, if present, `NAME.toml` beside it — skipping the component's
+    /// bytes when the file still has the stamp of `known` (a version read from it before):
+    /// a reload after a manifest change reads and hashes only the manifest.
+    fn read_known(file: PathBuf, known: Known<'_>) -> Result<Self, PluginError> {
         let name = file
             .file_stem()
             .and_then(|s| s.to_str())
             .filter(|s| !s.is_empty())
             .ok_or_else(|| PluginError::NotAPluginFile(file.clone()))?
             .to_owned();
-        let wasm = std::fs::read(&file).map_err(|source| PluginError::Io { path: file.clone(), source })?;
+        let io = |source| PluginError::Io { path: file.clone(), source };
+        let stamp = FileStamp::of(&std::fs::metadata(&file).map_err(io)?);
+        let (wasm, content_hash) = match known {
+            Some((then, hash)) if stamp.as_ref() == Some(then) => (None, hash.to_owned()),
+            _ => {
+                let wasm = std::fs::read(&file).map_err(io)?;
+                let hash = format!("sha256:{}", hex(&Sha256::digest(&wasm)));
+                (Some(wasm), hash)
+            }
+        };
         let sidecar = file.with_extension("toml");
         let manifest = match std::fs::read_to_string(&sidecar) {
             Ok(text) => Some((sidecar, text)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(source) => return Err(PluginError::Io { path: sidecar, source }),
         };
-        let content_hash = format!("sha256:{}", hex(&Sha256::digest(&wasm)));
         let mut h = Sha256::new();
-        h.update(&wasm);
+        h.update(content_hash.as_bytes());
         if let Some((_, text)) = &manifest {
+            h.update([0]);
             h.update(text.as_bytes());
         }
         let fingerprint = hex(&h.finalize());
-        Ok(Self { name, file, wasm, manifest, content_hash, fingerprint })
+        Ok(Self { name, file, wasm, manifest, content_hash, fingerprint, stamp })
     }
 
-    /// [`Source::read`] on a blocking thread.
+    /// [`Source::read_known`] on a blocking thread, knowing no earlier version.
     pub async fn read_off_thread(file: PathBuf) -> Result<Self, PluginError> {
-        tokio::task::spawn_blocking(move || Self::read(file)).await.map_err(|e| PluginError::Task(e.to_string()))?
+        Self::read_known_off_thread(file, None).await
+    }
+
+    /// [`Source::read_known`] on a blocking thread.
+    pub async fn read_known_off_thread(file: PathBuf, known: Known<'_>) -> Result<Self, PluginError> {
+        let known = known.map(|(stamp, hash)| (stamp.clone(), hash.to_owned()));
+        tokio::task::spawn_blocking(move || Self::read_known(file, known.as_ref().map(|(s, h)| (s, h.as_str()))))
+            .await
+            .map_err(|e| PluginError::Task(e.to_string()))?
     }
 }
 
@@ -238,6 +298,8 @@ pub(crate) struct Plugin {
     pub contract: Contract,
     pub content_hash: String,
     pub fingerprint: String,
+    /// The component file's identity when this version was read from it.
+    pub stamp: Option<FileStamp>,
     pub imports: Vec<String>,
     /// The compiled code (shared with a later version whose bytes are the same).
     component: Component,
@@ -377,7 +439,7 @@ impl Plugin {
                 max: deps.config.max_memory_mib,
             });
         }
-        let Source { wasm, content_hash, fingerprint, file, .. } = source;
+        let Source { wasm, content_hash, fingerprint, file, stamp, .. } = source;
         let same_bytes = previous.into_iter().chain(compiled.iter().copied()).find(|p| p.content_hash == content_hash);
         let component = match same_bytes {
             Some(previous) => previous.component.clone(),
@@ -385,10 +447,19 @@ impl Plugin {
                 runtime.compilations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 metrics::counter!("herald_plugin_compilations_total").increment(1);
                 let engine = runtime.engine.clone();
-                tokio::task::spawn_blocking(move || Component::new(&engine, &wasm))
-                    .await
-                    .map_err(|e| PluginError::Task(e.to_string()))?
-                    .map_err(|e| PluginError::Compile { name: name.clone(), message: chain(&e) })?
+                let path = file.clone();
+                tokio::task::spawn_blocking(move || {
+                    // Unread only when a version with these bytes serves, which is found
+                    // above; read them anyway rather than trust that.
+                    let wasm = match wasm {
+                        Some(wasm) => wasm,
+                        None => std::fs::read(&path).map_err(wasmtime::Error::from)?,
+                    };
+                    Component::new(&engine, &wasm)
+                })
+                .await
+                .map_err(|e| PluginError::Task(e.to_string()))?
+                .map_err(|e| PluginError::Compile { name: name.clone(), message: chain(&e) })?
             }
         };
         let Inspected { hooks, imports, contract } = inspect(&name, &component, runtime)?;
@@ -441,6 +512,7 @@ impl Plugin {
             contract,
             content_hash,
             fingerprint,
+            stamp,
             imports,
             component,
             pre,

@@ -186,3 +186,31 @@ async fn a_manifest_change_reuses_the_compiled_code_and_the_new_version_starts_w
     assert_eq!(t.host.compilations(), 2);
     assert_eq!(version(&t).await, rewrite("echo-v2"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_rewritten_in_place_with_its_old_size_and_time_is_read_again() {
+    // A manifest change skips reading the unchanged component (its file's identity and
+    // times are the same); new bytes must never pass for old ones, even when a copy keeps
+    // the size and the modification time.
+    let t = TestHost::new(no_quarantine());
+    swap_in(t.path(), "echo-v1");
+    t.load().await;
+    std::fs::write(t.path().join("echo.toml"), "version = \"1.1.0\"\n").expect("manifest");
+    t.host.reload().await.expect("reload");
+    assert_eq!(t.status("echo").version.as_deref(), Some("1.1.0"));
+    let before = t.status("echo").content_hash;
+
+    let file = t.path().join("echo.wasm");
+    let modified = std::fs::metadata(&file).and_then(|m| m.modified()).expect("mtime");
+    let bytes = std::fs::read(&file).expect("read");
+    let at = bytes.windows(7).position(|w| w == b"echo-v1").expect("the answer's bytes are in the component");
+    let mut changed = bytes.clone();
+    changed[at + 6] = b'9';
+    std::fs::write(&file, &changed).expect("rewrite in place");
+    std::fs::File::options().write(true).open(&file).and_then(|f| f.set_modified(modified)).expect("set mtime");
+    assert_eq!(std::fs::metadata(&file).expect("stat").len(), bytes.len() as u64);
+
+    t.host.reload().await.expect("reload");
+    assert_ne!(t.status("echo").content_hash, before);
+    assert_eq!(version(&t).await, rewrite("echo-v9"));
+}
