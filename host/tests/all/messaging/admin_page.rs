@@ -230,7 +230,7 @@ fn plugin_row(name: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_page_shows_a_shadows_differences_and_its_promote_button_makes_it_serve() {
+async fn the_admin_page_shows_a_shadows_differences_and_its_buttons_promote_or_discard_it() {
     // echo 1.0.0 allows everything; its shadow, word-filter as 2.0.0, rejects "spam".
     let dir = tempfile::tempdir().expect("plugins dir");
     std::fs::copy(guest("echo_v1"), dir.path().join("echo.wasm")).expect("copy echo-v1");
@@ -338,4 +338,32 @@ async fn the_admin_page_shows_a_shadows_differences_and_its_promote_button_makes
     // The button did promote: the former shadow decides now.
     let reason = alice.send_rejected("dm:alice:bob", "more spam").await;
     assert!(reason.contains("blocked-word"), "{reason}");
+
+    // Discard: a new shadow (echo-v1 again, as 3.0.0) shows up, and the button removes it —
+    // its sub-row from the page, its files from the folder — while 2.0.0 keeps serving.
+    std::fs::copy(guest("echo_v1"), dir.path().join("echo.shadow.wasm")).expect("copy echo-v1");
+    std::fs::write(dir.path().join("echo.shadow.toml"), "version = \"3.0.0\"\n").expect("shadow manifest");
+    browser
+        .wait_until(
+            &page,
+            "(() => { const sub = document.querySelector('tr.shadow-row[data-shadow-of=\"echo\"]'); \
+             return !!sub && sub.dataset.version === '3.0.0'; })()",
+            "the new shadow's sub-row",
+            PAGE_WAIT,
+        )
+        .await;
+    browser.click(&page, "discard-echo").await;
+    let discarded = browser
+        .wait_until(
+            &page,
+            "(() => { const t = document.getElementById('shadow-result-echo'); \
+             return !document.querySelector('tr.shadow-row') && t ? t.textContent : ''; })()",
+            "the shadow's sub-row gone and the button's result",
+            PAGE_WAIT,
+        )
+        .await;
+    assert!(discarded.as_str().is_some_and(|text| text.starts_with("discarded the shadow")), "{discarded}");
+    assert!(!dir.path().join("echo.shadow.wasm").exists(), "the shadow's component is removed");
+    let version = browser.run(&page, &format!("{row}.dataset.version")).await;
+    assert_eq!(version, "2.0.0", "the promoted version still serves");
 }
