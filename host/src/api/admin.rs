@@ -169,7 +169,7 @@ pub async fn start_recording(
     };
     let file = node.config.data_dir.join("recordings").join(format!("{name}-{}.jsonl", node.clock.now_ms()));
     let status = node.plugins.host.start_recording(&name, file, options).map_err(|error| match error {
-        RecordingError::NotLoaded(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", error.to_string()),
+        RecordingError::NotLoaded(_) => ApiError::not_found(error.to_string()),
         RecordingError::AlreadyRecording { .. } => ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string()),
         RecordingError::BadOptions(_) => ApiError::bad_request(error.to_string()),
         RecordingError::Io { .. } => {
@@ -190,9 +190,7 @@ pub async fn stop_recording(
     let name = path_params(name)?;
     match node.plugins.host.stop_recording(&name) {
         Some(status) => Ok(Json(json!({ "plugin": name, "recording": status }))),
-        None => {
-            Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("plugin `{name}` is not being recorded")))
-        }
+        None => Err(ApiError::not_found(format!("plugin `{name}` is not being recorded"))),
     }
 }
 
@@ -209,9 +207,7 @@ pub async fn promote(
     let name = path_params(name)?;
     match node.plugins.host.promote(&name).await {
         Ok(status) => Ok(Json(json!({ "plugin": status }))),
-        Err(error @ PromoteError::NoShadow(_)) => {
-            Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", error.to_string()))
-        }
+        Err(error @ PromoteError::NoShadow(_)) => Err(ApiError::not_found(error.to_string())),
         Err(error) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "promote_failed", error.to_string())),
     }
 }
@@ -227,7 +223,7 @@ pub async fn discard_shadow(
     let name = path_params(name)?;
     match node.plugins.host.discard_shadow(&name).await {
         Ok(true) => Ok(Json(json!({ "plugin": name, "shadow": null }))),
-        Ok(false) => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("plugin `{name}` has no shadow"))),
+        Ok(false) => Err(ApiError::not_found(format!("plugin `{name}` has no shadow"))),
         Err(error) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "discard_failed", error.to_string())),
     }
 }

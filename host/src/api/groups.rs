@@ -32,9 +32,7 @@ fn user_id(raw: &str) -> Result<UserId, ApiError> {
 fn change_error(error: GroupChange) -> ApiError {
     match error {
         GroupChange::Exists(_) => ApiError::new(StatusCode::CONFLICT, "exists", error.to_string()),
-        GroupChange::NoSuchGroup(_) | GroupChange::NotMember { .. } => {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", error.to_string())
-        }
+        GroupChange::NoSuchGroup(_) | GroupChange::NotMember { .. } => ApiError::not_found(error.to_string()),
         GroupChange::Full { .. } => ApiError::new(StatusCode::CONFLICT, "limit_exceeded", error.to_string()),
         GroupChange::Store(error) => ApiError::unavailable(error),
     }

@@ -50,6 +50,10 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid", message)
     }
 
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
     /// A body or query the extractor refused: `413 too_large` for a body over
     /// `api.max_body_bytes`, else `400 invalid` with the parser's words.
     pub fn rejected(status: StatusCode, words: String) -> Self {
@@ -230,5 +234,5 @@ async fn metrics(State(node): State<Arc<Node>>) -> impl axum::response::IntoResp
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+    ApiError::not_found("no such endpoint")
 }

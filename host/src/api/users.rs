@@ -27,7 +27,7 @@ pub async fn dev_token(
     body: Result<Json<TokenRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     if !node.config.dev {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", "dev tokens exist in dev mode only"));
+        return Err(ApiError::not_found("dev tokens exist in dev mode only"));
     }
     let Json(request) = body.map_err(|error| ApiError::rejected(error.status(), error.body_text()))?;
     let user = UserId::parse(&request.user).map_err(|error| ApiError::bad_request(error.to_string()))?;
