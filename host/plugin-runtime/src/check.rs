@@ -380,6 +380,25 @@ blocked_words = ["spam"]
 mod tests {
     use super::*;
 
+    /// The code of a plugin file, from its first `use` to its export line (without its
+    /// doc comment and tests).
+    fn plugin_code(text: &str) -> &str {
+        let start = text.find("use herald_sdk::").unwrap_or(0);
+        let end = text
+            .find("herald_sdk::export_plugin!")
+            .map_or(text.len(), |at| at + text[at..].find('\n').unwrap_or(text.len() - at));
+        &text[start..end]
+    }
+
+    #[test]
+    fn the_word_filter_test_guest_is_the_template_herald_plugin_new_writes() {
+        // The languages test holds Python and JavaScript to this guest's answers, as the
+        // Rust word filter a new user gets.
+        let guest = include_str!("../tests/guests/word-filter/src/lib.rs");
+        assert!(plugin_code(guest).ends_with("herald_sdk::export_plugin!(Plugin, hooks: [message_policy]);"));
+        assert_eq!(plugin_code(guest), plugin_code(LIB_TEMPLATE));
+    }
+
     #[test]
     fn scaffold_refuses_bad_names_and_existing_folders() {
         let dir = tempfile::tempdir().ok();

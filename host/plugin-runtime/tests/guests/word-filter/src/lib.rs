@@ -1,6 +1,7 @@
 //! `word-filter`: the Rust word filter, exactly the template `herald plugin new` writes
-//! (`src/check.rs`, `LIB_TEMPLATE`). The Python and JavaScript examples (`guests/`) must
-//! answer every case of `tests/all/languages.rs` the way this one does.
+//! (`src/check.rs`, `LIB_TEMPLATE`; a test there holds the two equal). The Python and
+//! JavaScript examples (`guests/`) must answer every case of `tests/all/languages.rs` the
+//! way this one does.
 use herald_sdk::{
     MessagePolicy, config, log,
     types::{Message, MessageDecision, Rejection},
@@ -17,9 +18,9 @@ struct Settings {
 
 static SETTINGS: config::Cached<Settings> = config::Cached::new();
 
-struct WordFilter;
+struct Plugin;
 
-impl MessagePolicy for WordFilter {
+impl MessagePolicy for Plugin {
     fn check_message(message: Message) -> MessageDecision {
         let settings = match SETTINGS.get() {
             Ok(s) => s,
@@ -38,4 +39,4 @@ impl MessagePolicy for WordFilter {
     }
 }
 
-herald_sdk::export_plugin!(WordFilter, hooks: [message_policy]);
+herald_sdk::export_plugin!(Plugin, hooks: [message_policy]);
