@@ -13,6 +13,7 @@ pub mod delivery;
 pub mod gateway;
 pub mod health;
 pub mod ids;
+pub mod maps;
 pub mod membership;
 pub mod model;
 pub mod node;

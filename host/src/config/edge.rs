@@ -17,6 +17,10 @@ pub struct GatewayConfig {
     pub max_frame_bytes: usize,
     /// Frames queued for one connection before it is closed as a slow consumer (4008).
     pub send_queue: usize,
+    /// Each connection's read buffer, in bytes: held for the connection's life (a frame
+    /// larger than it grows it to the frame's size). Smaller costs idle connections less
+    /// memory and a busy client more reads.
+    pub read_buffer_bytes: usize,
     /// HS256 secret for client tokens. Required outside dev mode; dev mode has a fixed one.
     pub jwt_secret: Option<String>,
     /// When set, a token's `iss` claim must be exactly this.
@@ -54,6 +58,7 @@ impl Default for GatewayConfig {
             connect_timeout_ms: 10_000,
             max_frame_bytes: 1 << 20,
             send_queue: 1024,
+            read_buffer_bytes: 1024,
             jwt_secret: None,
             jwt_issuer: None,
             jwt_audience: None,
@@ -85,6 +90,9 @@ impl GatewayConfig {
         }
         if self.max_frame_bytes < 64 {
             return Err(format!("gateway.max_frame_bytes {} must be at least 64", self.max_frame_bytes));
+        }
+        if self.read_buffer_bytes < 256 {
+            return Err(format!("gateway.read_buffer_bytes {} must be at least 256", self.read_buffer_bytes));
         }
         if self.max_token_bytes < 64 {
             return Err(format!("gateway.max_token_bytes {} must be at least 64", self.max_token_bytes));

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use dashmap::DashMap;
 
 use super::session::Session;
+use crate::maps::shrink_if_sparse;
 use crate::model::{ConnectionId, DeviceId, UserId};
 
 /// The sessions of this node's connections, by id and by user, and the dropped ones parked
@@ -107,6 +108,13 @@ impl Sessions {
     /// How many are parked.
     pub fn parked_len(&self) -> usize {
         self.parked_count.load(Ordering::SeqCst)
+    }
+
+    /// Gives back the room the maps grew to for a crowd that has left.
+    pub fn shrink_if_sparse(&self) {
+        shrink_if_sparse(&self.by_id);
+        shrink_if_sparse(&self.by_user);
+        shrink_if_sparse(&self.parked);
     }
 }
 

@@ -7,13 +7,15 @@
 //! queues); a queue that overflows closes the connection with 4008 rather than growing or
 //! blocking the caller, so one slow client can never stall delivery to others.
 
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
 use herald_proto::SharedFrame;
 use herald_proto::v1::{self, Frame};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::Notify;
 
 use crate::delivery::session::Outbox;
 use crate::model::ConnectionId;
@@ -54,42 +56,68 @@ impl CloseReason {
 }
 
 /// What the writer is given: a frame of this connection's own, or one shared with other
-/// connections (a room message, encoded once for all of them).
-///
-/// Two words: tokio's bounded channel allocates its slots 32 at a time, the first 32 when
-/// the channel is made, so a 152-byte frame inline cost every connection 5 KiB up front.
+/// connections (a room message, encoded once for all of them). Two words, so that a queue
+/// of them is small.
 pub enum Outgoing {
     Own(Box<Frame>),
     Shared(Arc<SharedFrame>),
 }
 
 /// A live, authenticated connection's transport.
+///
+/// Its queue is a `VecDeque` under a lock rather than a channel: a tokio channel costs
+/// every connection about 1 KiB up front (its shared state and a first block of 32 slots),
+/// where an empty `VecDeque` costs nothing, and the two `watch` channels that said "closing"
+/// and "writer stopped" cost 340 bytes each (docs/ARCHITECTURE.md, "Memory per
+/// connection"). The lock is held for a push or a pop, never across an await.
 pub struct Connection {
     /// Unique on this node.
     pub id: ConnectionId,
-    /// Frames for the writer task.
-    outbox: mpsc::Sender<Outgoing>,
-    /// A close requested by anyone; the writer sends it and stops.
-    close_request: Mutex<Option<CloseReason>>,
-    /// A last frame the writer sends before the close frame (`go_away`).
-    farewell: Mutex<Option<Frame>>,
-    /// Flips to true once the writer task has stopped (its close frame is out).
-    writer_done: watch::Sender<bool>,
-    /// Flips to true once the connection is closing: nothing more is queued.
-    closed: watch::Sender<bool>,
+    /// Most frames queued at once; one more closes the connection as a slow consumer.
+    capacity: usize,
+    state: Mutex<State>,
+    /// A close was requested: nothing more is queued (read without the lock).
+    closed: AtomicBool,
+    /// Wakes the writer: a frame was queued or a close requested. `notify_one` keeps a
+    /// permit when the writer is busy, so no wake-up is lost.
+    wake_writer: Notify,
+    /// Wakes everyone else who waits on this connection: for a close (the reader), for
+    /// room in the queue (backfill), for the writer's end (a drain). Each re-checks.
+    changed: Notify,
 }
 
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Outgoing>,
+    /// The close requested first; the writer sends it.
+    close: Option<CloseReason>,
+    /// A last frame the writer sends before the close frame (`go_away`).
+    farewell: Option<Box<Frame>>,
+    /// The writer task stopped: nothing queued will be written.
+    writer_done: bool,
+    /// Someone waits for room in the queue (backfill), so a pop tells `changed`.
+    room_wanted: bool,
+}
+
+/// A queue that grew past this many slots is given back when it empties, so one burst does
+/// not hold memory for the connection's whole life.
+const KEEP_QUEUE_SLOTS: usize = 64;
+
 impl Connection {
-    /// A connection whose writer reads `outbox`.
-    pub fn new(id: ConnectionId, outbox: mpsc::Sender<Outgoing>) -> Self {
+    /// A connection whose queue holds at most `capacity` frames.
+    pub fn new(id: ConnectionId, capacity: usize) -> Self {
         Self {
             id,
-            outbox,
-            close_request: Mutex::new(None),
-            farewell: Mutex::new(None),
-            writer_done: watch::Sender::new(false),
-            closed: watch::Sender::new(false),
+            capacity: capacity.max(1),
+            state: Mutex::new(State::default()),
+            closed: AtomicBool::new(false),
+            wake_writer: Notify::new(),
+            changed: Notify::new(),
         }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Queues `frame` without waiting. A full queue closes the connection as a slow
@@ -107,37 +135,87 @@ impl Connection {
         if self.is_closed() {
             return false;
         }
-        match self.outbox.try_send(outgoing) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                metrics::counter!("herald_gateway_slow_consumers_total").increment(1);
-                self.close(CloseReason::new(close::SLOW_CONSUMER, "send queue overflowed; reconnect and sync"));
-                false
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        let mut state = self.state();
+        if state.writer_done {
+            return false;
         }
+        if state.queue.len() >= self.capacity {
+            drop(state);
+            metrics::counter!("herald_gateway_slow_consumers_total").increment(1);
+            self.close(CloseReason::new(close::SLOW_CONSUMER, "send queue overflowed; reconnect and sync"));
+            return false;
+        }
+        state.queue.push_back(outgoing);
+        drop(state);
+        self.wake_writer.notify_one();
+        true
     }
 
     /// Frames queued for the writer and not yet written.
     pub fn queue_depth(&self) -> u32 {
-        u32::try_from(self.outbox.max_capacity() - self.outbox.capacity()).unwrap_or(u32::MAX)
+        u32::try_from(self.state().queue.len()).unwrap_or(u32::MAX)
     }
 
     /// Queues `frame`, waiting for room (used by backfill, which paces itself to the client).
+    /// Returns false, without queueing, once the connection is closing.
     pub async fn push_waiting(&self, frame: Frame) -> bool {
-        !self.is_closed() && self.outbox.send(Outgoing::Own(Box::new(frame))).await.is_ok()
+        let mut frame = Some(Box::new(frame));
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut state = self.state();
+                if state.writer_done || self.is_closed() {
+                    return false;
+                }
+                if state.queue.len() < self.capacity {
+                    let frame = frame.take().expect("queued once");
+                    state.queue.push_back(Outgoing::Own(frame));
+                    drop(state);
+                    self.wake_writer.notify_one();
+                    return true;
+                }
+                state.room_wanted = true;
+            }
+            changed.await;
+        }
+    }
+
+    /// The next frame for the writer, if one is queued. An emptied queue that had grown
+    /// gives its memory back.
+    pub(super) fn pop(&self) -> Option<Outgoing> {
+        let mut state = self.state();
+        let next = state.queue.pop_front();
+        if state.queue.is_empty() && state.queue.capacity() > KEEP_QUEUE_SLOTS {
+            state.queue = VecDeque::new();
+        }
+        let room_wanted = std::mem::take(&mut state.room_wanted) && next.is_some();
+        drop(state);
+        if room_wanted {
+            self.changed.notify_waiters();
+        }
+        next
+    }
+
+    /// Resolves when the writer may have work: a frame queued or a close requested since
+    /// it last looked (it may also resolve with nothing to do).
+    pub(super) async fn work(&self) {
+        self.wake_writer.notified().await;
     }
 
     /// Asks the writer to close the connection; the first request wins.
     pub fn close(&self, why: CloseReason) {
         {
-            let mut request = self.close_request.lock().unwrap_or_else(|p| p.into_inner());
-            if request.is_some() || *self.closed.borrow() {
+            let mut state = self.state();
+            if state.close.is_some() {
                 return;
             }
-            *request = Some(why);
+            state.close = Some(why);
+            self.closed.store(true, Ordering::Release);
         }
-        self.closed.send_replace(true);
+        self.wake_writer.notify_one();
+        self.changed.notify_waiters();
     }
 
     /// Tells the client the server is going away, then closes with 1012: the writer sends
@@ -151,41 +229,62 @@ impl Connection {
             reconnect_after_ms: rand::random_range(0..=spread_ms),
             reconnect_url: reconnect_url.unwrap_or_default(),
         };
-        *self.farewell.lock().unwrap_or_else(|p| p.into_inner()) = Some(Frame::new(0, go_away));
+        self.state().farewell = Some(Box::new(Frame::new(0, go_away)));
         self.close(CloseReason::new(close::SERVICE_RESTART, reason));
     }
 
-    /// The frame to send before the close frame, if any (taken once).
-    pub fn take_farewell(&self) -> Option<Frame> {
-        self.farewell.lock().unwrap_or_else(|p| p.into_inner()).take()
+    /// For the writer: the close requested, if any, with the frame to send before it
+    /// (`go_away`, taken once).
+    pub(super) fn close_request(&self) -> Option<(CloseReason, Option<Box<Frame>>)> {
+        if !self.is_closed() {
+            return None;
+        }
+        let mut state = self.state();
+        let why = state.close.clone()?;
+        Some((why, state.farewell.take()))
     }
 
-    /// Marks the writer task stopped.
+    /// Marks the writer task stopped: what is still queued is dropped, and nothing more is
+    /// queued.
     pub fn writer_stopped(&self) {
-        self.writer_done.send_replace(true);
+        let dropped = {
+            let mut state = self.state();
+            state.writer_done = true;
+            std::mem::take(&mut state.queue)
+        };
+        drop(dropped);
+        self.changed.notify_waiters();
     }
 
     /// Resolves once the writer task has stopped.
     pub async fn writer_finished(&self) {
-        let mut done = self.writer_done.subscribe();
-        let _ = done.wait_for(|done| *done).await;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.state().writer_done {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Whether a close was requested.
     pub fn is_closed(&self) -> bool {
-        *self.closed.borrow()
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Resolves once a close is requested.
     pub async fn closing(&self) {
-        let mut closed = self.closed.subscribe();
-        let _ = closed.wait_for(|closed| *closed).await;
-    }
-
-    /// Waits for a close request and returns it (for the writer, which sends it).
-    pub async fn close_requested(&self) -> CloseReason {
-        self.closing().await;
-        self.close_request.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_else(CloseReason::normal)
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_closed() {
+                return;
+            }
+            changed.await;
+        }
     }
 }
 
@@ -237,6 +336,11 @@ impl Connections {
         self.by_id.is_empty()
     }
 
+    /// Gives back the room the map grew to for a crowd that has left.
+    pub fn shrink_if_sparse(&self) {
+        crate::maps::shrink_if_sparse(&self.by_id);
+    }
+
     /// The send-queue depth of every open connection.
     pub fn queue_depths(&self) -> Vec<u32> {
         self.by_id.iter().map(|connection| connection.queue_depth()).collect()
@@ -263,18 +367,79 @@ impl Connections {
 mod tests {
     use super::*;
 
+    fn frame() -> Frame {
+        Frame::new(0, v1::Pong { time_ms: 0 })
+    }
+
     #[test]
     fn a_full_queue_closes_the_connection_as_a_slow_consumer_and_the_first_close_wins() {
-        let (outbox, _writer) = mpsc::channel(2);
-        let connection = Connection::new(ConnectionId(1), outbox);
-        let frame = || Frame::new(0, v1::Pong { time_ms: 0 });
+        let connection = Connection::new(ConnectionId(1), 2);
         assert!(connection.push(frame()) && connection.push(frame()));
         assert_eq!(connection.queue_depth(), 2);
         assert!(!connection.push(frame()), "no room: not queued");
         assert!(connection.is_closed());
         connection.close(CloseReason::new(close::KICKED, "later"));
-        let why = connection.close_request.lock().expect("lock").clone();
-        assert_eq!(why.map(|why| why.code), Some(close::SLOW_CONSUMER));
+        let (why, farewell) = connection.close_request().expect("a close was requested");
+        assert_eq!((why.code, farewell.is_none()), (close::SLOW_CONSUMER, true));
         assert!(!connection.push(frame()), "nothing is queued once closing");
+    }
+
+    #[test]
+    fn frames_come_out_in_the_order_they_went_in_and_a_grown_queue_is_given_back_once_empty() {
+        let connection = Connection::new(ConnectionId(1), 1000);
+        for time_ms in 0..200 {
+            assert!(connection.push(Frame::new(0, v1::Pong { time_ms })));
+        }
+        let mut popped = Vec::new();
+        while let Some(Outgoing::Own(frame)) = connection.pop() {
+            popped.push(match frame.body {
+                Some(v1::frame::Body::Pong(pong)) => pong.time_ms,
+                _ => panic!("a pong went in"),
+            });
+        }
+        assert_eq!(popped, (0..200).collect::<Vec<_>>());
+        assert_eq!(connection.state().queue.capacity(), 0, "the burst's slots were handed back");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_push_gets_room_when_the_writer_pops_and_gives_up_when_the_connection_closes() {
+        let connection = Arc::new(Connection::new(ConnectionId(1), 1));
+        assert!(connection.push(frame()));
+        let waiting = tokio::spawn({
+            let connection = Arc::clone(&connection);
+            async move { connection.push_waiting(frame()).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "the queue is full: the push waits");
+        assert!(connection.pop().is_some());
+        assert!(waiting.await.expect("no panic"), "queued once there was room");
+        assert_eq!(connection.queue_depth(), 1);
+
+        let waiting = tokio::spawn({
+            let connection = Arc::clone(&connection);
+            async move { connection.push_waiting(frame()).await }
+        });
+        tokio::task::yield_now().await;
+        connection.close(CloseReason::normal());
+        assert!(!waiting.await.expect("no panic"), "a closing connection takes nothing more");
+    }
+
+    #[tokio::test]
+    async fn the_writer_is_woken_by_a_push_made_while_it_was_busy_and_its_end_is_announced() {
+        let connection = Arc::new(Connection::new(ConnectionId(1), 8));
+        assert!(connection.push(frame()), "queued before the writer waits");
+        tokio::time::timeout(std::time::Duration::from_secs(5), connection.work())
+            .await
+            .expect("the push left a wake-up for the writer");
+        let finished = tokio::spawn({
+            let connection = Arc::clone(&connection);
+            async move { connection.writer_finished().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!finished.is_finished());
+        connection.writer_stopped();
+        finished.await.expect("no panic");
+        assert_eq!(connection.queue_depth(), 0, "what was queued is dropped with the writer");
+        assert!(!connection.push(frame()), "nothing is queued once the writer stopped");
     }
 }

@@ -41,7 +41,6 @@ use futures_util::StreamExt;
 use futures_util::stream::{SplitSink, SplitStream};
 use herald_proto::v1::{self, Frame, frame::Body};
 use herald_proto::{DecodeLimits, Encoding, SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO};
-use tokio::sync::mpsc;
 
 use crate::clock::WallClock;
 use crate::config::GatewayConfig;
@@ -54,7 +53,7 @@ use crate::routing::RouteTable;
 
 use crate::routing::Route;
 use auth::Authenticator;
-use connection::{CloseReason, Connection, Connections, Outgoing, close};
+use connection::{CloseReason, Connection, Connections, close};
 use dispatch::{next_frame, read_loop};
 use intake::{ConnectionPermit, FrameBudget, Intake, SendBudget};
 use redirect::Redirects;
@@ -77,10 +76,15 @@ pub async fn upgrade(
         .protocols([SUBPROTOCOL_PROTO, SUBPROTOCOL_JSON])
         .max_message_size(max)
         .max_frame_size(max)
-        .read_buffer_size(4096)
-        .write_buffer_size(16 * 1024)
+        .read_buffer_size(gateway.config.read_buffer_bytes)
+        .write_buffer_size(WRITE_BUFFER_BYTES)
         .on_upgrade(move |socket| serve_socket(gateway, socket, permit))
 }
+
+/// Frames written to a connection are gathered up to this many bytes before they go to the
+/// socket (and at every flush). The buffer keeps what it grew to, so a burst leaves a busy
+/// connection holding up to this much more.
+const WRITE_BUFFER_BYTES: usize = 16 * 1024;
 
 /// The edge of one node: what the gateway needs to admit a connection and serve it.
 pub struct Gateway {
@@ -213,12 +217,11 @@ async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket, _permit: Connect
         }
         Err(None) => return,
     };
-    let (outbox, queued) = mpsc::channel(gateway.config.send_queue);
     let id = ConnectionId(gateway.next_connection.fetch_add(1, Ordering::Relaxed));
-    let connection = Arc::new(Connection::new(id, outbox));
+    let connection = Arc::new(Connection::new(id, gateway.config.send_queue));
     let session = Arc::new(Session::new(id, user, device, Arc::clone(&connection) as _));
     let client = Client { connection, session, budget: gateway.intake.send_budget() };
-    Box::pin(attach(&gateway, &client, rid, queued, sink, encoding)).await;
+    Box::pin(attach(&gateway, &client, rid, sink, encoding)).await;
     let why = read_loop(&gateway, &client, &mut stream, &limits, &budget).await;
     client.connection.close(why);
     Box::pin(detach(&gateway, &client)).await;
@@ -313,7 +316,6 @@ async fn attach(
     gateway: &Arc<Gateway>,
     client: &Client,
     rid: u32,
-    queued: mpsc::Receiver<Outgoing>,
     sink: SplitSink<WebSocket, Message>,
     encoding: Encoding,
 ) {
@@ -325,7 +327,7 @@ async fn attach(
         connection.go_away(DRAINING, gateway.config.go_away_spread_ms, gateway.reconnect_url(&session.user));
     }
     let heartbeat = Duration::from_millis(gateway.config.heartbeat_ms);
-    tokio::spawn(write_loop(sink, queued, Arc::clone(connection), heartbeat, encoding, Arc::clone(&gateway.clock)));
+    tokio::spawn(write_loop(sink, Arc::clone(connection), heartbeat, encoding, Arc::clone(&gateway.clock)));
     let this_node = gateway.this_node();
     connection.push(Frame::new(
         rid,

@@ -10,7 +10,6 @@ use futures_util::SinkExt;
 use futures_util::stream::SplitSink;
 use herald_proto::v1::{self, Frame};
 use herald_proto::{Encoding, encode_frame};
-use tokio::sync::mpsc;
 
 use super::connection::{CloseReason, Connection, Outgoing};
 use crate::clock::WallClock;
@@ -18,7 +17,6 @@ use crate::clock::WallClock;
 /// Writes queued frames, pings every `heartbeat`, and finally the close frame.
 pub(super) async fn write_loop(
     mut sink: SplitSink<WebSocket, Message>,
-    mut queued: mpsc::Receiver<Outgoing>,
     connection: Arc<Connection>,
     heartbeat: Duration,
     encoding: Encoding,
@@ -34,42 +32,47 @@ pub(super) async fn write_loop(
     let _stopped = Stopped(&connection);
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
     loop {
-        let outgoing = tokio::select! {
-            biased;
-            why = connection.close_requested() => {
-                if let Some(message) = connection.take_farewell().and_then(|frame| to_message(&Outgoing::Own(Box::new(frame)), encoding)) {
-                    let _ = sink.send(message).await;
-                }
-                let _ = sink.send(close_message(&why)).await;
-                let _ = sink.close().await;
+        if let Some((why, farewell)) = connection.close_request() {
+            if let Some(message) = farewell.and_then(|frame| to_message(&Outgoing::Own(frame), encoding)) {
+                let _ = sink.send(message).await;
+            }
+            let _ = sink.send(close_message(&why)).await;
+            let _ = sink.close().await;
+            return;
+        }
+        // Whatever is queued by now goes out together, in one flush (one write to the
+        // socket, not one per frame); a close requested meanwhile is seen before the next.
+        let mut batch = 0;
+        while batch < MAX_FRAMES_PER_FLUSH
+            && let Some(frame) = connection.pop()
+        {
+            batch += 1;
+            if let Some(message) = to_message(&frame, encoding)
+                && sink.feed(message).await.is_err()
+            {
+                connection.close(CloseReason::normal());
                 return;
             }
-            frame = queued.recv() => match frame {
-                Some(frame) => frame,
-                None => return,
-            },
-            _ = ping.tick() => Outgoing::Own(Box::new(Frame::new(0, v1::Ping { time_ms: clock.now_ms() }))),
-        };
-        // Whatever else is queued by now goes out with it, in one flush (one write to the
-        // socket, not one per frame).
-        let mut batch = 0;
-        let mut next = Some(outgoing);
-        let mut written = Ok(());
-        while let Some(frame) = next.take() {
-            if let Some(message) = to_message(&frame, encoding) {
-                written = sink.feed(message).await;
-                if written.is_err() {
-                    break;
+        }
+        if batch > 0 {
+            if sink.flush().await.is_err() {
+                connection.close(CloseReason::normal());
+                return;
+            }
+            continue;
+        }
+        tokio::select! {
+            biased;
+            () = connection.work() => {}
+            _ = ping.tick() => {
+                let frame = Outgoing::Own(Box::new(Frame::new(0, v1::Ping { time_ms: clock.now_ms() })));
+                if let Some(message) = to_message(&frame, encoding)
+                    && sink.send(message).await.is_err()
+                {
+                    connection.close(CloseReason::normal());
+                    return;
                 }
             }
-            batch += 1;
-            if batch < MAX_FRAMES_PER_FLUSH {
-                next = queued.try_recv().ok();
-            }
-        }
-        if written.is_err() || sink.flush().await.is_err() {
-            connection.close(CloseReason::normal());
-            return;
         }
     }
 }

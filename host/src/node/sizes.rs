@@ -15,6 +15,9 @@ use crate::pipeline::lanes::Lanes;
 use crate::routing::RouteTable;
 use crate::routing::rooms::Rooms;
 
+/// Reports between two looks at the maps' spare room.
+const SHRINK_EVERY: u64 = 10;
+
 /// Every map whose size is reported.
 pub(crate) struct Maps {
     pub gateway: Arc<Gateway>,
@@ -52,12 +55,23 @@ impl Maps {
         ]
     }
 
-    /// Sets the gauges every `every`, for as long as it runs.
+    /// Gives back the room the per-connection maps grew to for a crowd that has left.
+    fn shrink_if_sparse(&self) {
+        self.gateway.connections.shrink_if_sparse();
+        self.delivery.sessions().shrink_if_sparse();
+        self.routes.shrink_if_sparse();
+    }
+
+    /// Sets the gauges every `every`, for as long as it runs, and every [`SHRINK_EVERY`]
+    /// reports gives back the maps' spare room.
     pub async fn report_every(self, every: Duration) {
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
+        for report in 1u64.. {
             ticks.tick().await;
+            if report.is_multiple_of(SHRINK_EVERY) {
+                self.shrink_if_sparse();
+            }
             for (map, entries) in self.sizes() {
                 metrics::gauge!("herald_map_entries", "map" => map).set(entries as f64);
             }

@@ -197,6 +197,10 @@ impl RouteTable for CachedRoutes {
     fn held_here(&self) -> usize {
         usize::try_from(self.entries.entry_count()).unwrap_or(usize::MAX) + self.inner.held_here()
     }
+
+    fn shrink_if_sparse(&self) {
+        self.inner.shrink_if_sparse();
+    }
 }
 
 #[cfg(test)]

@@ -71,6 +71,8 @@ pub trait RouteTable: Send + Sync + 'static {
     fn held_here(&self) -> usize {
         0
     }
+    /// Gives back the room this process's maps grew to for a crowd that has left.
+    fn shrink_if_sparse(&self) {}
 }
 
 /// The embedded route table: a concurrent map in this process.
@@ -127,6 +129,10 @@ impl RouteTable for MemoryRouteTable {
 
     fn held_here(&self) -> usize {
         self.users.len()
+    }
+
+    fn shrink_if_sparse(&self) {
+        crate::maps::shrink_if_sparse(&self.users);
     }
 }
 

@@ -1,0 +1,39 @@
+//! Upkeep shared by the node's in-memory maps. A hash map keeps the room it grew to: after
+//! 10,000 devices left, the maps of connections, sessions and routes held room for 10,000
+//! each until the process ended. [`shrink_if_sparse`] gives it back.
+
+use std::hash::Hash;
+
+use dashmap::DashMap;
+
+/// Room for this many entries is always kept, so a small node never reallocates.
+const KEEP: usize = 1024;
+
+/// Shrinks `map` to fit when it uses less than a quarter of its room (and holds more
+/// room than [`KEEP`]). Each shard is locked while it is rehashed; call it now and then,
+/// not on a hot path.
+pub fn shrink_if_sparse<K: Eq + Hash + Clone, V>(map: &DashMap<K, V>) {
+    if map.capacity() > KEEP.max(map.len().saturating_mul(4)) {
+        map.shrink_to_fit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_map_emptied_after_a_crowd_gives_its_room_back_and_a_busy_one_keeps_it() {
+        let map = DashMap::new();
+        for key in 0..20_000u32 {
+            map.insert(key, key);
+        }
+        let grown = map.capacity();
+        shrink_if_sparse(&map);
+        assert_eq!(map.capacity(), grown, "a full map is left alone");
+        map.retain(|key, _| *key < 100);
+        shrink_if_sparse(&map);
+        assert!(map.capacity() < grown / 10, "room for {} kept with 100 entries", map.capacity());
+        assert_eq!(map.len(), 100, "no entry lost");
+    }
+}
