@@ -6,6 +6,10 @@
 #   2. as fast as possible, compared with a trivial relay (no persistence),
 #   3. at 5,000 msgs/s again, right after that burst: the latency while SQLite is still
 #      checkpointing the burst's write-ahead log (the disk is busier, commits slower).
+# It measures the data dir's fdatasync first and ends with a summary: the tail's bound of
+# issue 16 (the larger of 10 ms and the relay's p99 + 2 x the fdatasync p99) against phases
+# 1 and 3's p99 (at most the bound) and p999 (at most 3 x), and Herald's resident size
+# before the burst and a minute after the last phase (target: within 20 %).
 #
 #   scripts/loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
 #   HERALD_LOADTEST_PLUGINS=1 scripts/loadtest.sh     # the same with all four first-party plugins loaded
@@ -26,9 +30,10 @@
 #
 # Memory per connected device (issue 16), the same fresh Herald: IDLE_DEVICES devices
 # (default 10,000) connect in pairs and stay for 20 s at a trickle (devices/100 msgs/s in
-# all); the script reads Herald's resident size (/proc/PID/status) before they connect,
-# every second while they are connected, as they leave, and a minute later, and prints the
-# peak's growth per device. Beyond about 28,000 devices one loopback address runs out of
+# all); the script reads Herald's resident size (/proc/PID/status) before they connect
+# (after 100 devices for 5 s, so that what a node's first traffic sets up is there), every
+# second while they are connected, as they leave, and a minute later, and prints the
+# peak's growth per device and how far the minute-later size is above the one before. Beyond about 28,000 devices one loopback address runs out of
 # ephemeral ports (net.ipv4.ip_local_port_range).
 #
 #   scripts/loadtest.sh idle
@@ -124,6 +129,13 @@ if [ "$mode" = idle ]; then
     # Herald's resident size (from /proc) before the devices connect, every second while
     # they are held, and a minute after they left.
     rate=$(( devices >= 200 ? devices / 100 : 1 ))
+    cold=$(rss_kib "$server")
+    # A node that has served anything holds what its first traffic set up (metrics'
+    # histograms, SQLite's caches, pools): 100 devices for 5 s first, so that "before" is
+    # a serving node's size, and the minute after compares with it (cold is printed too).
+    target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 100 --rate 10 \
+        --duration 5s --warmup 1s --quiet >"$data/warm.out" || die "herald-loadgen failed: $(tail -n 5 "$data/warm.out")"
+    sleep 2
     before=$(rss_kib "$server")
     target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users "$devices" --rate "$rate" \
         --duration 20s --warmup 2s --quiet --connect-concurrency 128 "$@" >"$data/idle.out" &
@@ -140,7 +152,7 @@ if [ "$mode" = idle ]; then
     sleep 60
     later=$(rss_kib "$server")
     per_device=$(( (peak - before) * 1024 / devices ))
-    say "idle memory, $devices devices at $rate msgs/s, $(nproc) cores: Herald resident $((before / 1024)) MiB before, $((peak / 1024)) MiB at the peak with them connected: $((per_device / 1024)).$(( (per_device % 1024) * 10 / 1024 )) KiB per device; $((left / 1024)) MiB as they left, $((later / 1024)) MiB a minute later"
+    say "idle memory, $devices devices at $rate msgs/s, $(nproc) cores: Herald resident $((cold / 1024)) MiB started, $((before / 1024)) MiB before (after 100 devices for 5 s), $((peak / 1024)) MiB at the peak with them connected: $((per_device / 1024)).$(( (per_device % 1024) * 10 / 1024 )) KiB per device; $((left / 1024)) MiB as they left, $((later / 1024)) MiB a minute later ($(( (later - before) * 100 / before ))% above before; target: at most 20%)"
     exit 0
 fi
 if [ "$mode" = reloads ]; then
@@ -208,13 +220,53 @@ if [ "$mode" = reloads ]; then
         || die "a target was missed"
     exit 0
 fi
+# The tail's bound (issue 16): the larger of 10 ms and the relay's p99 plus twice the data
+# dir's fdatasync p99, the disk measured here first: 500 appends of 8 KiB, each followed by
+# fdatasync, as the WAL's are.
+fsync_p99_us=$(python3 - "$data" <<'PY'
+import os, sys, time
+path = os.path.join(sys.argv[1], "fsync-probe")
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+block, took = b"\0" * 8192, []
+for _ in range(500):
+    os.write(fd, block)
+    start = time.perf_counter()
+    os.fdatasync(fd)
+    took.append(time.perf_counter() - start)
+os.close(fd)
+os.unlink(path)
+took.sort()
+print(round(took[int(len(took) * 0.99)] * 1e6))
+PY
+)
+say "the data dir's fdatasync p99: $((fsync_p99_us / 1000)).$(printf '%03d' $((fsync_p99_us % 1000))) ms ($(df --output=fstype "$data" | tail -n 1))"
+results=$(mktemp -d)
+trap 'stop_herald; rm -rf "$data" "$results"' EXIT
 say "1) 1,000 users at a steady 5,000 msgs/s"
 report_flags 1-steady-5000
-target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --compare-relay --quiet "${report[@]}" "$@"
+target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --compare-relay --quiet "${report[@]}" "$@" | tee "$results/1"
+rss_before=$(rss_kib "$server")
 say "2) 1,000 users, as fast as possible, Herald vs a trivial relay"
 report_flags 2-max
-target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --duration 10s --compare-relay --quiet "${report[@]}" "$@"
+target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --duration 10s --compare-relay --quiet "${report[@]}" "$@" | tee "$results/2"
+rss_burst=$(rss_kib "$server")
 say "3) 1,000 users at 5,000 msgs/s right after the burst (SQLite still checkpointing it)"
 report_flags 3-after-burst-5000
-target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --quiet "${report[@]}" "$@"
+target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --quiet "${report[@]}" "$@" | tee "$results/3"
 [ -z "${REPORT:-}" ] || say "reports: $REPORT/{1-steady-5000,2-max,3-after-burst-5000}/index.html"
+say "waiting a minute for the burst's memory to be handed back"
+sleep 60
+rss_later=$(rss_kib "$server")
+# The last line herald-loadgen prints is JSON: with --compare-relay {"herald": …, "relay": …}.
+relay_p99_us=$(tail -n 1 "$results/1" | jq '.relay.latency.p99_us')
+bound_us=$(( relay_p99_us + 2 * fsync_p99_us ))
+[ "$bound_us" -ge 10000 ] || bound_us=10000
+verdict() {
+    jq -r --argjson bound "$bound_us" --arg name "$1" '(.herald // .) as $h | $h.latency as $l |
+        "\($name): p50 \($l.p50_us / 10 | round / 100) ms, p99 \($l.p99_us / 10 | round / 100) ms (\(if $l.p99_us <= $bound then "met" else "NOT met" end)), p999 \($l.p999_us / 10 | round / 100) ms (\(if $l.p999_us <= 3 * $bound then "met" else "NOT met" end))"'
+}
+say "summary, $(nproc) cores: bound $((bound_us / 1000)).$(printf '%03d' $((bound_us % 1000))) ms (the larger of 10 ms and the relay's p99 $((relay_p99_us / 1000)).$(printf '%03d' $((relay_p99_us % 1000))) ms + 2 x fdatasync p99); target p99 <= bound, p999 <= 3 x bound"
+tail -n 1 "$results/1" | verdict "steady 5,000 msgs/s" >&2
+tail -n 1 "$results/3" | verdict "5,000 msgs/s right after the burst" >&2
+tail -n 1 "$results/2" | jq -r '"as fast as possible: Herald \(.herald.sent_per_s) msg/s, relay \(.relay.sent_per_s) msg/s (x\(.herald.sent_per_s / .relay.sent_per_s * 1000 | round / 1000)); target: at least 50,000"' >&2
+say "Herald resident: $((rss_before / 1024)) MiB before the burst, $((rss_burst / 1024)) MiB after it, $((rss_later / 1024)) MiB a minute after the last phase ($(( (rss_later - rss_before) * 100 / rss_before ))% above before; target: at most 20%)"

@@ -12,11 +12,10 @@ use herald_host::server;
 use herald_host::store::Database;
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc rather than glibc's malloc: messages are many small short-lived allocations made
-/// on one worker thread and freed on another, where glibc spent about a tenth of the
-/// machine's time (its arenas' locking and free-list consolidation) in a 3-node benchmark.
+/// mimalloc, and each runtime worker hands freed memory back to the OS as it goes idle
+/// (`herald_alloc`'s docs say why).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: herald_alloc::MiMalloc = herald_alloc::MiMalloc;
 
 /// Herald: instant messaging whose policies are sandboxed Wasm plugins.
 #[derive(Parser, Debug)]
@@ -119,7 +118,11 @@ fn main() -> ExitCode {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")))
         .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(herald_alloc::collect_when_due)
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("herald: cannot start the async runtime: {error}");
