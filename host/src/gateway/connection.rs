@@ -258,11 +258,18 @@ impl Connection {
 
     /// Resolves once the writer task has stopped.
     pub async fn writer_finished(&self) {
+        self.wait_until(|connection| connection.state().writer_done).await;
+    }
+
+    /// Resolves once `done` holds, checking it again whenever `changed` is told. The
+    /// wake-up is armed before each check, so a change between the check and the wait is
+    /// not missed.
+    async fn wait_until(&self, done: impl Fn(&Self) -> bool) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if self.state().writer_done {
+            if done(self) {
                 return;
             }
             changed.await;
@@ -276,15 +283,7 @@ impl Connection {
 
     /// Resolves once a close is requested.
     pub async fn closing(&self) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.is_closed() {
-                return;
-            }
-            changed.await;
-        }
+        self.wait_until(Self::is_closed).await;
     }
 }
 

@@ -40,41 +40,49 @@ pub(super) async fn write_loop(
             let _ = sink.close().await;
             return;
         }
-        // Whatever is queued by now goes out together, in one flush (one write to the
-        // socket, not one per frame); a close requested meanwhile is seen before the next.
-        let mut batch = 0;
-        while batch < MAX_FRAMES_PER_FLUSH
-            && let Some(frame) = connection.pop()
-        {
-            batch += 1;
-            if let Some(message) = to_message(&frame, encoding)
-                && sink.feed(message).await.is_err()
-            {
-                connection.close(CloseReason::normal());
-                return;
-            }
-        }
-        if batch > 0 {
-            if sink.flush().await.is_err() {
-                connection.close(CloseReason::normal());
-                return;
-            }
-            continue;
-        }
-        tokio::select! {
-            biased;
-            () = connection.work() => {}
-            _ = ping.tick() => {
-                let frame = Outgoing::Own(Box::new(Frame::new(0, v1::Ping { time_ms: clock.now_ms() })));
-                if let Some(message) = to_message(&frame, encoding)
-                    && sink.send(message).await.is_err()
-                {
-                    connection.close(CloseReason::normal());
-                    return;
+        let written = match write_queued(&mut sink, &connection, encoding).await {
+            // Nothing queued: wait for a frame, a close, or the next ping.
+            Ok(0) => tokio::select! {
+                biased;
+                () = connection.work() => Ok(()),
+                _ = ping.tick() => {
+                    let ping = Outgoing::Own(Box::new(Frame::new(0, v1::Ping { time_ms: clock.now_ms() })));
+                    match to_message(&ping, encoding) {
+                        Some(message) => sink.send(message).await,
+                        None => Ok(()),
+                    }
                 }
-            }
+            },
+            written => written.map(|_| ()),
+        };
+        if written.is_err() {
+            connection.close(CloseReason::normal());
+            return;
         }
     }
+}
+
+/// Writes whatever is queued by now (at most [`MAX_FRAMES_PER_FLUSH`]) with one flush: one
+/// write to the socket, not one per frame. Returns how many frames it took; a close
+/// requested meanwhile is seen before the next batch.
+async fn write_queued(
+    sink: &mut SplitSink<WebSocket, Message>,
+    connection: &Connection,
+    encoding: Encoding,
+) -> Result<usize, axum::Error> {
+    let mut batch = 0;
+    while batch < MAX_FRAMES_PER_FLUSH
+        && let Some(frame) = connection.pop()
+    {
+        batch += 1;
+        if let Some(message) = to_message(&frame, encoding) {
+            sink.feed(message).await?;
+        }
+    }
+    if batch > 0 {
+        sink.flush().await?;
+    }
+    Ok(batch)
 }
 
 /// Most frames written before one flush: bounds how long the first waits.
