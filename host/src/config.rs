@@ -103,8 +103,9 @@ pub struct DeliveryConfig {
     pub max_rooms_per_connection: usize,
     /// How long a dedup mark lives, in ms (the unique index guards beyond it).
     pub dedup_ttl_ms: u64,
-    /// Most dedup marks held; past it the least recently used go first (a duplicate of an
-    /// evicted one is still caught by the unique index). A few hundred bytes each.
+    /// Most dedup marks held in embedded mode; past it the oldest go first (a duplicate of
+    /// an evicted one is still caught by the unique index, which answers with the
+    /// original's ids). About 200 bytes each.
     pub dedup_max_marks: u64,
     /// How often the node samples its health and asks the degrade hook for a tier, in ms.
     pub degrade_interval_ms: u64,
@@ -125,7 +126,7 @@ impl Default for DeliveryConfig {
             max_sync_cursors: 1_000,
             max_rooms_per_connection: 256,
             dedup_ttl_ms: 600_000,
-            dedup_max_marks: 500_000,
+            dedup_max_marks: 100_000,
             degrade_interval_ms: 1_000,
         }
     }
@@ -171,6 +172,10 @@ pub struct StorageConfig {
     pub sqlite_cache_mib: u32,
     /// SQLite copies the WAL into the database in the background this often, in ms.
     pub sqlite_checkpoint_ms: u64,
+    /// Once no message was committed for this long, in ms, SQLite's page caches are emptied
+    /// (`PRAGMA shrink_memory`), so the memory a burst filled them with goes back; the next
+    /// commits read their pages again from the OS's cache. `0` keeps them full.
+    pub sqlite_idle_release_ms: u64,
     /// Backstop: a commit checkpoints by itself once the WAL holds this many pages
     /// (only when the background checkpoints fall behind).
     pub sqlite_wal_autocheckpoint_pages: u32,
@@ -194,6 +199,7 @@ impl Default for StorageConfig {
             sqlite_synchronous: SqliteSynchronous::Full,
             sqlite_cache_mib: 64,
             sqlite_checkpoint_ms: 1_000,
+            sqlite_idle_release_ms: 30_000,
             sqlite_wal_autocheckpoint_pages: 65_536,
             sqlite_page_size: 8192,
             sqlite_quick_check: true,

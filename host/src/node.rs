@@ -212,6 +212,11 @@ impl Node {
         self.spawn_until_stopped(maps.report_every(Duration::from_secs(1)));
         let checkpoints = Duration::from_millis(self.config.storage.sqlite_checkpoint_ms.max(10));
         self.spawn_until_stopped(self.database.clone().checkpoint_periodically(checkpoints));
+        let committer = self.committer.clone();
+        self.spawn_until_stopped(self.database.clone().release_caches_when_idle(
+            move || committer.totals().batches.load(std::sync::atomic::Ordering::Relaxed),
+            Duration::from_millis(self.config.storage.sqlite_idle_release_ms),
+        ));
         self.spawn_until_stopped(watch_health(
             Arc::clone(&self.vitals),
             Arc::clone(&self.gateway),
@@ -407,7 +412,7 @@ impl Seams {
             bus: Arc::clone(&self.bus),
         };
         let stores = DeliveryStores {
-            messages: storage.messages,
+            messages: Arc::clone(&storage.messages),
             cursors: storage.cursors,
             conversations: Arc::clone(&storage.conversations),
             groups: storage.groups,
@@ -425,6 +430,7 @@ impl Seams {
         ));
         let pipeline = Arc::new(Pipeline::new(PipelineParts {
             writer: storage.writer,
+            messages: storage.messages,
             conversations: storage.conversations,
             seqs: Arc::clone(&storage.seqs),
             ids,

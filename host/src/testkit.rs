@@ -511,4 +511,12 @@ impl MessageStore for ReadLog {
     async fn latest_seq(&self, conversation: &ConversationId) -> Result<u64, StoreError> {
         self.database.latest_seq(conversation).await
     }
+
+    async fn message_by_client_id(
+        &self,
+        sender: &UserId,
+        client_msg_id: &ClientMsgId,
+    ) -> Result<Option<Message>, StoreError> {
+        self.database.message_by_client_id(sender, client_msg_id).await
+    }
 }

@@ -8,7 +8,7 @@ use super::{Pipeline, SendError};
 use crate::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, Message, NodeId, UserId};
 use crate::routing::bus::{Origin, SendRequest};
 use crate::routing::router::SendOwner;
-use crate::store::OwnerClaim;
+use crate::store::{OwnerClaim, StoreError};
 use herald_proto::v1::{self, send_ack::Status};
 
 /// Application `kind` of announcements stored as room messages.
@@ -136,24 +136,34 @@ impl Pipeline {
     }
 
     /// The original of an archived announcement the announce policy called a duplicate:
-    /// its ids, from the dedup mark its store left (shared by every node in cluster mode;
-    /// kept `delivery.dedup_ttl_ms`). Waits for an original still being stored. `None` when
-    /// there is no mark: the original was not archived, or its mark expired.
+    /// its ids, from the dedup mark its store left (shared by every node in cluster mode),
+    /// waiting for an original still being stored; once the mark is gone (expired, or
+    /// evicted by `delivery.dedup_max_marks`), from the database. `None` when the original
+    /// was not archived.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database could not be asked.
     pub async fn announcement_original(
         &self,
         room: &ConversationId,
         sender: &UserId,
         announcement_id: &str,
-    ) -> Option<Announced> {
+    ) -> Result<Option<Announced>, StoreError> {
         let client_msg_id = announcement_client_id(room, Some(announcement_id));
         match self.dedup.try_mark(sender, &client_msg_id).await {
-            Mark::Stored(original) => Some(Announced::stored(&original, true)),
-            Mark::InFlight(original) => original.await.ok().map(|original| Announced::stored(&original, true)),
-            Mark::Fresh => {
-                self.dedup.cancel(sender, &client_msg_id).await;
-                None
+            Mark::Stored(original) => return Ok(Some(Announced::stored(&original, true))),
+            Mark::InFlight(original) => {
+                return Ok(original.await.ok().map(|original| Announced::stored(&original, true)));
             }
+            Mark::Fresh => self.dedup.cancel(sender, &client_msg_id).await,
         }
+        let stored = self.messages.message_by_client_id(sender, &client_msg_id).await?;
+        Ok(stored.map(|original| Announced {
+            message_id: original.id,
+            seq: original.seq,
+            archived: true,
+            duplicate: true,
+        }))
     }
 }
 

@@ -6,19 +6,21 @@
 //! flight waits for the original's outcome and answers with the same ids. The unique index
 //! in storage is the final guard beyond the TTL.
 //!
-//! The marks live in a [`moka`] cache: expiry and eviction are spread over its operations,
-//! never one pass over every mark under a lock that sends wait for, and the number of marks
-//! is bounded (`delivery.dedup_max_marks`). A mark evicted early costs only a trip to the
-//! unique index, which answers the duplicate with the original's ids all the same.
+//! In embedded mode the marks live in this process ([`LocalDedup`]), one for every send of
+//! the last `delivery.dedup_ttl_ms`, so a burst leaves hundreds of thousands of them: each
+//! is kept small (docs/ARCHITECTURE.md, "Memory per dedup mark"). Their number is bounded
+//! (`delivery.dedup_max_marks`, the oldest go first); a mark dropped early costs only a
+//! trip to the unique index, which answers the duplicate with the original's ids all the
+//! same.
 
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use moka::policy::EvictionPolicy;
-use moka::sync::Cache;
 use tokio::sync::watch;
 
 use super::SendError;
@@ -61,9 +63,9 @@ pub trait DedupMarks: Send + Sync + 'static {
     }
 }
 
-/// One mark: the watch channel is its state — `None` while the send is in flight, then
-/// `Some(Some(outcome))` once stored or `Some(None)` once cancelled.
-type Slot = Arc<watch::Sender<Option<Option<Outcome>>>>;
+/// How a send in flight ends, for the duplicates waiting on it: `None` until then,
+/// `Some(Some(outcome))` once stored, `Some(None)` once cancelled.
+type Ending = watch::Sender<Option<Option<Outcome>>>;
 
 /// Waits for the send holding a mark to end: its ids once stored, or why it did not store.
 async fn await_original(mut original: watch::Receiver<Option<Option<Outcome>>>) -> Result<Outcome, SendError> {
@@ -77,9 +79,112 @@ async fn await_original(mut original: watch::Receiver<Option<Option<Outcome>>>) 
     }
 }
 
+/// Shards of [`LocalDedup`]: sends of different senders rarely wait for one lock.
+const SHARDS: usize = 16;
+
 /// In-process dedup marks (embedded mode).
+///
+/// A mark is kept as a 128-bit fingerprint of (sender, client_msg_id) under two secret
+/// SipHash keys drawn at start, not as the two strings: nobody can choose ids that collide,
+/// and by chance two of 500,000 marks collide once in some 10^27 bursts. A send in flight
+/// holds no channel until a duplicate waits for it. Each shard forgets its marks in the
+/// order they were taken (expiry is first in, first out, as every mark lives as long), and
+/// hands back the room a burst made its map grow to once most of its marks expired.
 pub struct LocalDedup {
-    marks: Cache<(UserId, ClientMsgId), Slot>,
+    shards: Box<[Mutex<Shard>]>,
+    keys: [RandomState; 2],
+    ttl_ms: u64,
+    shard_capacity: usize,
+    started: Instant,
+}
+
+/// A mark's identity: (sender, client_msg_id) hashed under two independent secret keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    high: u64,
+    low: u64,
+}
+
+impl Hash for Fingerprint {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Already a keyed hash: its half is the map's hash as it is.
+        state.write_u64(self.low);
+    }
+}
+
+/// Passes a [`Fingerprint`]'s half through as the map's hash (it is one already).
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; fold anything else in rather than ignore it.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A mark held: until when, and its state. The expiry also tells this taking of a mark from
+/// an earlier one that was cancelled (two takings in the same millisecond expire together).
+struct Held {
+    expires_ms: u64,
+    state: State,
+}
+
+enum State {
+    /// In flight; the channel exists once a duplicate waits for the outcome.
+    Pending(Option<Arc<Ending>>),
+    Stored(Outcome),
+}
+
+#[derive(Default)]
+struct Shard {
+    marks: HashMap<Fingerprint, Held, BuildHasherDefault<Prehashed>>,
+    /// Marks in the order they were taken, with their expiry: an entry whose mark was
+    /// cancelled (or taken again since) is skipped when it comes up.
+    order: VecDeque<(Fingerprint, u64)>,
+}
+
+impl Shard {
+    /// Forgets the marks expired by `now_ms`, and the oldest while more than `capacity`
+    /// are held (one slot is kept free for the mark about to be taken).
+    fn expire(&mut self, now_ms: u64, capacity: usize) {
+        while let Some(&(fingerprint, expires_ms)) = self.order.front() {
+            let current = self.marks.get(&fingerprint).filter(|held| held.expires_ms == expires_ms);
+            if let Some(held) = current {
+                let over = self.marks.len() >= capacity || self.order.len() > 2 * capacity;
+                if held.expires_ms > now_ms && !over {
+                    break;
+                }
+                // A pending mark dropped here (evicted; an expired one is long abandoned)
+                // drops its channel too: a duplicate waiting on it is told to retry.
+                self.marks.remove(&fingerprint);
+            }
+            self.order.pop_front();
+        }
+        self.shrink_if_sparse();
+    }
+
+    /// Hands back the room a burst made the map and the queue grow to, once less than a
+    /// quarter of it is used (so a shrink is paid for by the removals since the last one).
+    fn shrink_if_sparse(&mut self) {
+        const LEAST: usize = 64;
+        if self.marks.capacity() > LEAST && self.marks.len() < self.marks.capacity() / 4 {
+            self.marks.shrink_to(self.marks.len() * 2);
+        }
+        if self.order.capacity() > LEAST && self.order.len() < self.order.capacity() / 4 {
+            self.order.shrink_to(self.order.len() * 2);
+        }
+    }
 }
 
 #[async_trait]
@@ -89,62 +194,113 @@ impl DedupMarks for LocalDedup {
     }
 
     async fn complete(&self, sender: &UserId, client_msg_id: &ClientMsgId, outcome: Outcome) {
-        if let Some(slot) = self.marks.get(&(sender.clone(), client_msg_id.clone())) {
-            slot.send_replace(Some(Some(outcome)));
+        let fingerprint = self.fingerprint(sender, client_msg_id);
+        let waiting = {
+            let mut shard = self.shard(fingerprint);
+            let Some(held) = shard.marks.get_mut(&fingerprint) else { return };
+            match std::mem::replace(&mut held.state, State::Stored(outcome.clone())) {
+                State::Pending(waiting) => waiting,
+                State::Stored(_) => None,
+            }
+        };
+        if let Some(waiting) = waiting {
+            waiting.send_replace(Some(Some(outcome)));
         }
     }
 
     async fn cancel(&self, sender: &UserId, client_msg_id: &ClientMsgId) {
-        if let Some(slot) = self.marks.remove(&(sender.clone(), client_msg_id.clone())) {
-            slot.send_replace(Some(None));
+        let fingerprint = self.fingerprint(sender, client_msg_id);
+        let removed = self.shard(fingerprint).marks.remove(&fingerprint);
+        if let Some(Held { state: State::Pending(Some(waiting)), .. }) = removed {
+            waiting.send_replace(Some(None));
         }
     }
 
     fn held_here(&self) -> u64 {
-        // Expired marks are counted (and held) until the upkeep runs, which on an idle
-        // node is never: run it, so memory is freed and the count is exact.
+        // Expired marks are held until their shard is next used, which on an idle node is
+        // never: expire them now, so memory is freed and the count is exact.
         self.run_upkeep();
         self.len()
     }
 }
 
 impl LocalDedup {
-    /// Marks that live for `ttl` from when they were taken, at most
-    /// `max_marks` of them (the least recently used go first).
+    /// Marks that live for `ttl` from when they were taken, at most `max_marks` of them
+    /// (the oldest of a shard go first; at least one a shard).
     pub fn new(ttl: Duration, max_marks: u64) -> Self {
-        let marks =
-            Cache::builder().max_capacity(max_marks).time_to_live(ttl).eviction_policy(EvictionPolicy::lru()).build();
-        Self { marks }
+        let max_marks = usize::try_from(max_marks).unwrap_or(usize::MAX);
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            keys: [RandomState::new(), RandomState::new()],
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            shard_capacity: (max_marks / SHARDS).max(1),
+            started: Instant::now(),
+        }
     }
 
     /// Takes the mark for (`sender`, `client_msg_id`), or says who holds it.
     fn try_mark_now(&self, sender: &UserId, client_msg_id: &ClientMsgId) -> Mark {
-        let entry = self
-            .marks
-            .entry((sender.clone(), client_msg_id.clone()))
-            .or_insert_with(|| Arc::new(watch::Sender::new(None)));
-        if entry.is_fresh() {
-            return Mark::Fresh;
+        let fingerprint = self.fingerprint(sender, client_msg_id);
+        let now_ms = self.now_ms();
+        let mut shard = self.shard(fingerprint);
+        match shard.marks.get_mut(&fingerprint) {
+            Some(held) if held.expires_ms > now_ms => {
+                return match &mut held.state {
+                    State::Stored(outcome) => Mark::Stored(outcome.clone()),
+                    State::Pending(waiting) => {
+                        let ending = waiting.get_or_insert_with(|| Arc::new(watch::Sender::new(None)));
+                        Mark::InFlight(Box::pin(await_original(ending.subscribe())))
+                    }
+                };
+            }
+            // Expired, not yet forgotten: taken afresh (its place in the order goes stale).
+            Some(_) => drop(shard.marks.remove(&fingerprint)),
+            None => {}
         }
-        let slot = entry.into_value();
-        let state = slot.borrow().clone();
-        match state {
-            Some(Some(outcome)) => Mark::Stored(outcome),
-            // In flight, or cancelled a moment ago and not yet removed: the receiver tells
-            // the duplicate to retry then.
-            _ => Mark::InFlight(Box::pin(await_original(slot.subscribe()))),
-        }
+        // Room for the new mark: forget what expired, or the oldest when full.
+        shard.expire(now_ms, self.shard_capacity);
+        let expires_ms = now_ms.saturating_add(self.ttl_ms);
+        shard.marks.insert(fingerprint, Held { expires_ms, state: State::Pending(None) });
+        shard.order.push_back((fingerprint, expires_ms));
+        Mark::Fresh
     }
 
-    /// Does the cache's pending upkeep now (expiry, eviction); it also happens as marks are
-    /// taken, this only makes [`LocalDedup::len`] exact.
+    fn fingerprint(&self, sender: &UserId, client_msg_id: &ClientMsgId) -> Fingerprint {
+        let key = (sender, client_msg_id);
+        Fingerprint { high: self.keys[0].hash_one(key), low: self.keys[1].hash_one(key) }
+    }
+
+    /// The shard of a mark, chosen by the half of its fingerprint the map does not hash by.
+    fn shard(&self, fingerprint: Fingerprint) -> MutexGuard<'_, Shard> {
+        // The remainder is below SHARDS, so it fits a usize.
+        let index = (fingerprint.high % SHARDS as u64) as usize;
+        self.shards[index].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Forgets expired marks now; it also happens as marks are taken, this only makes
+    /// [`LocalDedup::len`] exact and frees an idle node's memory.
     pub fn run_upkeep(&self) {
-        self.marks.run_pending_tasks();
+        self.upkeep_at(self.now_ms());
     }
 
-    /// How many marks are held (approximate until [`LocalDedup::run_upkeep`]).
+    fn upkeep_at(&self, now_ms: u64) {
+        for shard in self.shards.iter() {
+            shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).expire(now_ms, self.shard_capacity + 1);
+        }
+    }
+
+    /// How many marks are held (expired ones too, until [`LocalDedup::run_upkeep`]).
     pub fn len(&self) -> u64 {
-        self.marks.entry_count()
+        let held: usize = self
+            .shards
+            .iter()
+            .map(|shard| shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).marks.len())
+            .sum();
+        u64::try_from(held).unwrap_or(u64::MAX)
     }
 
     /// Whether no mark is held (see [`LocalDedup::len`]).
@@ -164,21 +320,22 @@ mod tests {
         )
     }
 
+    fn outcome(message_id: u64) -> Outcome {
+        Outcome { message_id, seq: 3, conversation: ConversationId::parse("dm:a:u").expect("valid") }
+    }
+
     #[tokio::test]
     async fn try_complete_cancel() {
         let dedup = LocalDedup::new(Duration::from_secs(60), 1000);
         let (user, id) = key(1);
         assert!(matches!(dedup.try_mark(&user, &id).await, Mark::Fresh));
         let Mark::InFlight(waiting) = dedup.try_mark(&user, &id).await else { panic!("in flight") };
+        let Mark::InFlight(waiting_too) = dedup.try_mark(&user, &id).await else { panic!("in flight") };
         let waiting = tokio::spawn(waiting);
-        let outcome = Outcome { message_id: 9, seq: 3, conversation: ConversationId::parse("dm:a:u").expect("valid") };
-        dedup.complete(&user, &id, outcome.clone()).await;
-        assert_eq!(
-            waiting.await.expect("joined"),
-            Ok(outcome.clone()),
-            "a duplicate in flight gets the original's ids"
-        );
-        assert!(matches!(dedup.try_mark(&user, &id).await, Mark::Stored(o) if o == outcome));
+        dedup.complete(&user, &id, outcome(9)).await;
+        assert_eq!(waiting.await.expect("joined"), Ok(outcome(9)), "a duplicate in flight gets the original's ids");
+        assert_eq!(waiting_too.await, Ok(outcome(9)), "so does every other one");
+        assert!(matches!(dedup.try_mark(&user, &id).await, Mark::Stored(o) if o == outcome(9)));
 
         let (user, id) = key(2);
         assert!(matches!(dedup.try_mark(&user, &id).await, Mark::Fresh));
@@ -188,6 +345,19 @@ mod tests {
         assert!(matches!(dedup.try_mark(&user, &id).await, Mark::Fresh), "a cancelled mark lets the retry through");
     }
 
+    #[tokio::test]
+    async fn marks_of_other_senders_or_ids_are_apart() {
+        let dedup = LocalDedup::new(Duration::from_secs(60), 1000);
+        let (user, id) = key(1);
+        let (_, other_id) = key(2);
+        let other_user = UserId::parse("v").expect("valid");
+        assert!(matches!(dedup.try_mark(&user, &id).await, Mark::Fresh));
+        dedup.complete(&user, &id, outcome(9)).await;
+        assert!(matches!(dedup.try_mark(&user, &other_id).await, Mark::Fresh), "another id of the same sender");
+        assert!(matches!(dedup.try_mark(&other_user, &id).await, Mark::Fresh), "the same id of another sender");
+        assert_eq!(dedup.len(), 3);
+    }
+
     #[test]
     fn marks_expire_after_the_ttl() {
         let dedup = LocalDedup::new(Duration::from_millis(50), 1000);
@@ -195,6 +365,20 @@ mod tests {
         assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh));
         std::thread::sleep(Duration::from_millis(120));
         assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh), "an expired mark is taken afresh");
+    }
+
+    #[tokio::test]
+    async fn a_mark_taken_again_after_a_cancel_lives_its_own_ttl() {
+        let dedup = LocalDedup::new(Duration::from_millis(1000), 1000);
+        let (user, id) = key(1);
+        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh));
+        dedup.cancel(&user, &id).await;
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh), "the retry takes it again");
+        // Past the first taking's expiry, well before the second's.
+        std::thread::sleep(Duration::from_millis(600));
+        dedup.run_upkeep();
+        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::InFlight(_)), "the second taking still holds it");
     }
 
     #[test]
@@ -208,5 +392,40 @@ mod tests {
         assert!(dedup.len() <= 100, "{} marks held", dedup.len());
         let (user, id) = key(999);
         assert!(!matches!(dedup.try_mark_now(&user, &id), Mark::Fresh), "the most recent marks are kept");
+        let (user, id) = key(0);
+        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh), "the oldest went first");
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_waiting_on_an_evicted_mark_is_told_to_retry() {
+        let dedup = LocalDedup::new(Duration::from_secs(60), SHARDS as u64);
+        let (user, id) = key(0);
+        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh));
+        let Mark::InFlight(waiting) = dedup.try_mark_now(&user, &id) else { panic!("in flight") };
+        // One mark per shard: enough others push it out of its shard.
+        for n in 1..1000 {
+            let (user, id) = key(n);
+            dedup.try_mark_now(&user, &id);
+        }
+        assert_eq!(waiting.await, Err(SendError::OriginalAbandoned));
+    }
+
+    #[test]
+    fn the_room_of_expired_marks_is_handed_back() {
+        let dedup = LocalDedup::new(Duration::from_secs(60), 1_000_000);
+        for n in 0..100_000 {
+            let (user, id) = key(n);
+            dedup.try_mark_now(&user, &id);
+        }
+        let room = |dedup: &LocalDedup| -> usize {
+            dedup.shards.iter().map(|shard| shard.lock().expect("not poisoned").marks.capacity()).sum()
+        };
+        assert!(room(&dedup) >= 100_000);
+        dedup.run_upkeep();
+        assert_eq!(dedup.len(), 100_000, "none expired yet");
+        // As the upkeep would find them a minute later.
+        dedup.upkeep_at(dedup.now_ms() + 60_001);
+        assert!(dedup.is_empty());
+        assert!(room(&dedup) <= SHARDS * 128, "{} slots kept for no mark", room(&dedup));
     }
 }

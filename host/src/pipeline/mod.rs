@@ -40,7 +40,7 @@ use crate::plugins::{Hook, PluginHost};
 use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
 use crate::routing::router::{Router, SendOwner};
 use crate::store::group_commit::Ticket;
-use crate::store::{ConversationStore, Inserted, LeaseError, MessageWriter, OwnerClaim, StoreError};
+use crate::store::{ConversationStore, Inserted, LeaseError, MessageStore, MessageWriter, OwnerClaim, StoreError};
 
 use dedup::{DedupMarks, Mark, Outcome};
 use lanes::{Lane, Lanes};
@@ -132,6 +132,8 @@ pub enum Admission {
 /// What a pipeline is built from: the seams it uses, chosen where the node is assembled.
 pub struct PipelineParts {
     pub writer: Arc<dyn MessageWriter>,
+    /// Where the original of a duplicate whose dedup mark is gone is looked up.
+    pub messages: Arc<dyn MessageStore>,
     pub conversations: Arc<dyn ConversationStore>,
     pub seqs: Arc<SeqAllocator>,
     pub ids: Arc<SnowflakeGenerator>,
@@ -153,6 +155,7 @@ pub struct PipelineParts {
 /// The uplink of one node.
 pub struct Pipeline {
     writer: Arc<dyn MessageWriter>,
+    messages: Arc<dyn MessageStore>,
     conversations: Arc<dyn ConversationStore>,
     seqs: Arc<SeqAllocator>,
     ids: Arc<SnowflakeGenerator>,
@@ -194,6 +197,7 @@ impl Pipeline {
         };
         Self {
             writer: parts.writer,
+            messages: parts.messages,
             conversations: parts.conversations,
             seqs: parts.seqs,
             ids: parts.ids,

@@ -396,4 +396,14 @@ impl MessageStore for Database {
         self.settle().await?;
         latest.map_or(Ok(0), |seq| unsigned(seq, "seq"))
     }
+
+    async fn message_by_client_id(
+        &self,
+        sender: &UserId,
+        client_msg_id: &ClientMsgId,
+    ) -> Result<Option<Message>, StoreError> {
+        let message = self.find_by_client_id(sender, client_msg_id).await?;
+        self.settle().await?;
+        Ok(message)
+    }
 }

@@ -15,6 +15,7 @@ pub mod conversations;
 pub mod cursors;
 pub mod group_commit;
 pub mod groups;
+mod idle_release;
 pub mod latency;
 pub mod messages;
 pub mod mysql;

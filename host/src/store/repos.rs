@@ -12,7 +12,7 @@ use super::StoreError;
 use super::cursors::CursorUpdate;
 use super::group_commit::Ticket;
 use super::seq_lease::Fence;
-use crate::model::{ConversationId, DeviceId, GroupId, Message, UserId};
+use crate::model::{ClientMsgId, ConversationId, DeviceId, GroupId, Message, UserId};
 
 /// Reads of stored messages. Every message returned is durable: a read never shows a
 /// message that a crash could still take back.
@@ -47,6 +47,17 @@ pub trait MessageStore: Send + Sync + 'static {
     /// # Errors
     /// [`StoreError::Database`] when the query fails.
     async fn latest_seq(&self, conversation: &ConversationId) -> Result<u64, StoreError>;
+
+    /// The message `sender` sent with `client_msg_id`, if stored: the original of a
+    /// duplicate whose dedup mark is gone.
+    ///
+    /// # Errors
+    /// As [`messages_after`](Self::messages_after).
+    async fn message_by_client_id(
+        &self,
+        sender: &UserId,
+        client_msg_id: &ClientMsgId,
+    ) -> Result<Option<Message>, StoreError>;
 }
 
 /// Where new messages are stored: batched with concurrent sends into shared commits.

@@ -177,6 +177,27 @@ async fn announcements_are_paced_per_room_archived_and_accepted_once() {
     assert_eq!(unauthorized.status, 401);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_announcement_is_answered_with_the_originals_ids_after_its_dedup_mark_expired() {
+    let dir = install(&["announce-archive"]);
+    // Marks that live 50 ms: the repeat below comes long after its original's expired.
+    let herald = Herald::with().set("PLUGINS", dir.path().display()).set("DELIVERY__DEDUP_TTL_MS", 50).start().await;
+    let first = post_announcement(&herald, "lobby", &json!({ "content": "doors open", "announcement_id": "d1" })).await;
+    assert_eq!(first.status, 202, "{}", first.body);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let again = post_announcement(&herald, "lobby", &json!({ "content": "doors open", "announcement_id": "d1" })).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    let (first, again) = (first.json(), again.json());
+    assert_eq!(again["duplicate"], true, "{again}");
+    assert_eq!(again["archived"], true, "the original was archived: {again}");
+    assert_eq!(again["message_id"], first["message_id"], "the original's id, read from the database");
+    assert_eq!(again["seq"], first["seq"]);
+
+    let mut late = Client::connect(&herald, "late", "phone").await;
+    assert_eq!(late.subscribe("room:lobby", Some(0)).await.messages.len(), 1, "stored once");
+}
+
 /// The tier `/admin/health` reports.
 async fn tier(herald: &Herald) -> String {
     let health = herald.get("/admin/health", Some("dev-key")).await;
