@@ -170,7 +170,10 @@ pub struct StorageConfig {
     pub sqlite_synchronous: SqliteSynchronous,
     /// SQLite page cache per connection, in MiB.
     pub sqlite_cache_mib: u32,
-    /// SQLite copies the WAL into the database in the background this often, in ms.
+    /// SQLite copies the WAL into the database in the background this often, in ms. Each
+    /// checkpoint ends with an fsync of the database file, which holds up the WAL fsyncs
+    /// that acknowledge sends: more often means smaller ones (after a burst, at 5,000
+    /// msgs/s: p999 15-33 ms at 250 ms, 32-52 ms at 1 s).
     pub sqlite_checkpoint_ms: u64,
     /// Once no message was committed for this long, in ms, SQLite's page caches are emptied
     /// (`PRAGMA shrink_memory`), so the memory a burst filled them with goes back; the next
@@ -198,7 +201,7 @@ impl Default for StorageConfig {
             connect_timeout: Duration::from_secs(5),
             sqlite_synchronous: SqliteSynchronous::Full,
             sqlite_cache_mib: 64,
-            sqlite_checkpoint_ms: 1_000,
+            sqlite_checkpoint_ms: 250,
             sqlite_idle_release_ms: 30_000,
             sqlite_wal_autocheckpoint_pages: 65_536,
             sqlite_page_size: 8192,
