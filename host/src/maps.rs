@@ -13,9 +13,16 @@ const KEEP: usize = 1024;
 /// room than [`KEEP`]). Each shard is locked while it is rehashed; call it now and then,
 /// not on a hot path.
 pub fn shrink_if_sparse<K: Eq + Hash + Clone, V>(map: &DashMap<K, V>) {
-    if map.capacity() > KEEP.max(map.len().saturating_mul(4)) {
+    if is_sparse(map.len(), map.capacity(), KEEP) {
         map.shrink_to_fit();
     }
+}
+
+/// Whether a collection holding `len` in room for `capacity` should give room back: it
+/// uses less than a quarter of it, and more than `keep` is held. Shrinking then, to about
+/// twice what is used, means a shrink is paid for by the removals since the last one.
+pub fn is_sparse(len: usize, capacity: usize, keep: usize) -> bool {
+    capacity > keep.max(len.saturating_mul(4))
 }
 
 #[cfg(test)]

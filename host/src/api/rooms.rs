@@ -76,9 +76,9 @@ pub async fn announce(
         AnnounceDecision::Duplicate => {
             // Answered like a duplicate send: with the original's ids when it was archived.
             let original = match request.announcement_id.as_deref() {
-                Some(id) => node.pipeline.announcement_original(&room, &sender, id).await.map_err(|error| {
-                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("original not read: {error}"))
-                })?,
+                Some(id) => {
+                    node.pipeline.announcement_original(&room, &sender, id).await.map_err(ApiError::unavailable)?
+                }
                 None => None,
             };
             let body = match original {

@@ -24,6 +24,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::SendError;
+use crate::maps;
 use crate::model::{ClientMsgId, ConversationId, UserId};
 
 /// The ids a stored message was given: what a duplicate is answered with.
@@ -146,6 +147,12 @@ enum State {
     Stored(Outcome),
 }
 
+/// A shard, locked. A panic while one was held leaves it consistent: every change to it is
+/// a single map or queue operation.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[derive(Default)]
 struct Shard {
     marks: HashMap<Fingerprint, Held, BuildHasherDefault<Prehashed>>,
@@ -174,14 +181,13 @@ impl Shard {
         self.shrink_if_sparse();
     }
 
-    /// Hands back the room a burst made the map and the queue grow to, once less than a
-    /// quarter of it is used (so a shrink is paid for by the removals since the last one).
+    /// Hands back the room a burst made the map and the queue grow to ([`maps::is_sparse`]).
     fn shrink_if_sparse(&mut self) {
-        const LEAST: usize = 64;
-        if self.marks.capacity() > LEAST && self.marks.len() < self.marks.capacity() / 4 {
+        const KEEP: usize = 64;
+        if maps::is_sparse(self.marks.len(), self.marks.capacity(), KEEP) {
             self.marks.shrink_to(self.marks.len() * 2);
         }
-        if self.order.capacity() > LEAST && self.order.len() < self.order.capacity() / 4 {
+        if maps::is_sparse(self.order.len(), self.order.capacity(), KEEP) {
             self.order.shrink_to(self.order.len() * 2);
         }
     }
@@ -240,8 +246,12 @@ impl LocalDedup {
 
     /// Takes the mark for (`sender`, `client_msg_id`), or says who holds it.
     fn try_mark_now(&self, sender: &UserId, client_msg_id: &ClientMsgId) -> Mark {
+        self.try_mark_at(sender, client_msg_id, self.now_ms())
+    }
+
+    /// [`try_mark_now`](Self::try_mark_now) as it would go at `now_ms` (since `started`).
+    fn try_mark_at(&self, sender: &UserId, client_msg_id: &ClientMsgId, now_ms: u64) -> Mark {
         let fingerprint = self.fingerprint(sender, client_msg_id);
-        let now_ms = self.now_ms();
         let mut shard = self.shard(fingerprint);
         match shard.marks.get_mut(&fingerprint) {
             Some(held) if held.expires_ms > now_ms => {
@@ -274,7 +284,7 @@ impl LocalDedup {
     fn shard(&self, fingerprint: Fingerprint) -> MutexGuard<'_, Shard> {
         // The remainder is below SHARDS, so it fits a usize.
         let index = (fingerprint.high % SHARDS as u64) as usize;
-        self.shards[index].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.shards[index])
     }
 
     fn now_ms(&self) -> u64 {
@@ -289,17 +299,13 @@ impl LocalDedup {
 
     fn upkeep_at(&self, now_ms: u64) {
         for shard in self.shards.iter() {
-            shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).expire(now_ms, self.shard_capacity + 1);
+            lock(shard).expire(now_ms, self.shard_capacity + 1);
         }
     }
 
     /// How many marks are held (expired ones too, until [`LocalDedup::run_upkeep`]).
     pub fn len(&self) -> u64 {
-        let held: usize = self
-            .shards
-            .iter()
-            .map(|shard| shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).marks.len())
-            .sum();
+        let held: usize = self.shards.iter().map(|shard| lock(shard).marks.len()).sum();
         u64::try_from(held).unwrap_or(u64::MAX)
     }
 
@@ -362,23 +368,21 @@ mod tests {
     fn marks_expire_after_the_ttl() {
         let dedup = LocalDedup::new(Duration::from_millis(50), 1000);
         let (user, id) = key(1);
-        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh));
-        std::thread::sleep(Duration::from_millis(120));
-        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh), "an expired mark is taken afresh");
+        assert!(matches!(dedup.try_mark_at(&user, &id, 0), Mark::Fresh));
+        assert!(matches!(dedup.try_mark_at(&user, &id, 49), Mark::InFlight(_)), "held until the ttl");
+        assert!(matches!(dedup.try_mark_at(&user, &id, 50), Mark::Fresh), "an expired mark is taken afresh");
     }
 
     #[tokio::test]
     async fn a_mark_taken_again_after_a_cancel_lives_its_own_ttl() {
         let dedup = LocalDedup::new(Duration::from_millis(1000), 1000);
         let (user, id) = key(1);
-        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh));
+        assert!(matches!(dedup.try_mark_at(&user, &id, 0), Mark::Fresh));
         dedup.cancel(&user, &id).await;
-        std::thread::sleep(Duration::from_millis(600));
-        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::Fresh), "the retry takes it again");
+        assert!(matches!(dedup.try_mark_at(&user, &id, 600), Mark::Fresh), "the retry takes it again");
         // Past the first taking's expiry, well before the second's.
-        std::thread::sleep(Duration::from_millis(600));
-        dedup.run_upkeep();
-        assert!(matches!(dedup.try_mark_now(&user, &id), Mark::InFlight(_)), "the second taking still holds it");
+        dedup.upkeep_at(1200);
+        assert!(matches!(dedup.try_mark_at(&user, &id, 1200), Mark::InFlight(_)), "the second taking still holds it");
     }
 
     #[test]
