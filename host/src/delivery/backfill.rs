@@ -35,8 +35,13 @@ impl Delivery {
                 ConversationKind::Room(_) => false,
             };
             if follows {
-                let pending = self.cursors.pending(user, device, &conversation).unwrap_or(0);
-                out.insert(conversation, seq.max(pending));
+                out.insert(conversation, seq);
+            }
+        }
+        // Acks not written yet count too, also where storage has no cursor row at all.
+        for (conversation, seq) in &mut out {
+            if let Some(pending) = self.cursors.pending(user, device, conversation) {
+                *seq = (*seq).max(pending);
             }
         }
         Ok(out)

@@ -123,3 +123,23 @@ async fn a_session_whose_outbox_closes_stops_without_going_live() {
     assert!(!session.is_live(), "a closed session never goes live");
     assert!(!session.park(), "nor may it be resumed from: its backfill never finished");
 }
+
+/// An ack not yet written (cursors reach storage once per flush) counts for the device's
+/// next connection, also when storage has no cursor of that conversation at all.
+#[tokio::test]
+async fn an_ack_not_yet_written_counts_for_the_devices_next_backfill() {
+    let kit = Kit::new().await;
+    for i in 1..=3 {
+        kit.send_ok("alice", "phone", DM, &format!("message {i}")).await;
+    }
+    let (first, _) = kit.connect("bob", "phone").await;
+    kit.delivery.ack(&first, &conversation_id(DM), 2).await;
+    assert!(kit.database.cursors(&user_id("bob"), &device_id("phone")).await.expect("cursors").is_empty());
+    kit.sessions.remove(first.id);
+    let outbox = RecordingOutbox::new();
+    let session = kit.attach("bob", "phone", Arc::clone(&outbox)).await;
+
+    backfill(&kit, &session).await;
+
+    assert_eq!(outbox.delivered_seqs(), vec![(DM.to_owned(), 3)], "only what follows the ack");
+}

@@ -299,3 +299,34 @@ async fn wait_for_devices(kit: &Kit, user: &str, devices: &[&str]) {
     }
     panic!("the stale route was never removed: {:?}", found().await);
 }
+
+/// A fan-out that read the route table just before a device reconnected finds its old
+/// connection's route; the old session is gone from this node by then, resumed by the new
+/// one. The message reaches the new session all the same (it was lost here once: offered
+/// to neither session, and the new one's resumed backfill did not read that conversation).
+#[tokio::test]
+async fn a_route_read_before_the_device_reconnected_still_reaches_its_new_session() {
+    let kit = Kit::new().await;
+    let (old, old_phone) = kit.connect("bob", "phone").await;
+    let old_route = Route {
+        user: old.user.clone(),
+        device: old.device.clone(),
+        node: THIS_NODE,
+        connection: old.id,
+        connected_at_ms: 0,
+    };
+    kit.drop_within_grace(&old).await;
+    let new_phone = RecordingOutbox::new();
+    let new = kit.attach("bob", "phone", Arc::clone(&new_phone)).await;
+    let parked = kit.sessions.unpark(&new.user, &new.device).expect("parked");
+    assert!(new.resume_from(&parked));
+    assert_eq!(new.take_resume(), Some(BTreeMap::new()), "nothing owed when it came back");
+    new.skip_backfill();
+    // What the fan-out read before the new login reached the table.
+    kit.routes.login(old_route).await.expect("the old route, as read");
+
+    kit.delivery.fan_out(message("dm:alice:bob", 3, "alice", "phone")).await;
+
+    assert_eq!(new_phone.delivered_seqs(), vec![("dm:alice:bob".to_owned(), 3)], "the new session gets it");
+    assert!(old_phone.frames().is_empty(), "the old connection is closed");
+}

@@ -248,8 +248,7 @@ impl Delivery {
         let wire = self.wire_for(message);
         let mut absent = Vec::new();
         for user in users {
-            let connected = self.reach.sessions.of_user(user);
-            if !self.push_to_sessions(message, wire.as_ref(), user, connected) {
+            if !self.push_to_sessions(message, wire.as_ref(), user) {
                 absent.push(user.clone());
             }
         }
@@ -291,36 +290,30 @@ impl Delivery {
     }
 
     /// Pushes `message` (as `wire`, or a `sync_hint` when pull-only) to `user`'s devices on
-    /// this node: those connected (of `routes`) and those dropped within the grace period,
-    /// which note it as owed for their return.
+    /// this node, and removes the routes naming a connection of this node that is gone.
+    ///
+    /// The devices are found by user, not by the routes' connection ids: a route read just
+    /// before a device reconnected names its old connection, and the message must reach
+    /// whichever of its sessions, old (parked, or passing offers to its successor) or new,
+    /// is here when it is offered.
     fn push_here(self: &Arc<Self>, message: &Message, wire: Option<&v1::Message>, user: &UserId, routes: &[Route]) {
-        let mut connected = Vec::with_capacity(routes.len());
         for route in routes.iter().filter(|route| route.node == self.reach.this_node) {
-            match self.reach.sessions.get(route.connection) {
-                Some(session) => connected.push(session),
-                // A session is in place before its route is written and removed only after
-                // its route was, so a route of this node without one names a connection
-                // that is gone: read from a cache, or left behind by a failed logout.
-                None => self.forget_stale(route.clone()),
+            // A session is in place before its route is written and removed only after
+            // its route was, so a route of this node without one names a connection that
+            // is gone: read from a cache, or left behind by a failed logout.
+            if self.reach.sessions.get(route.connection).is_none() {
+                self.forget_stale(route.clone());
             }
         }
-        // Whether any was found matters only for a delivery from another node.
-        self.push_to_sessions(message, wire, user, connected);
+        self.push_to_sessions(message, wire, user);
     }
 
-    /// Pushes `message` to `connected` (sessions of `user` on this node) and notes it as
-    /// owed by `user`'s parked ones; the sending device is skipped. Returns whether `user`
-    /// has any session here, open or parked.
-    fn push_to_sessions(
-        self: &Arc<Self>,
-        message: &Message,
-        wire: Option<&v1::Message>,
-        user: &UserId,
-        connected: Vec<Arc<Session>>,
-    ) -> bool {
-        let mut found = false;
-        for session in connected.into_iter().chain(self.reach.sessions.parked_of(user)) {
-            found = true;
+    /// Pushes `message` to `user`'s sessions on this node: the open ones, and the parked
+    /// ones, which note it as owed for their return; the sending device is skipped.
+    /// Returns whether `user` has any session here, open or parked.
+    fn push_to_sessions(self: &Arc<Self>, message: &Message, wire: Option<&v1::Message>, user: &UserId) -> bool {
+        let sessions = self.reach.sessions.here(user);
+        for session in &sessions {
             if message.is_from(&session.user, &session.device) {
                 continue;
             }
@@ -334,7 +327,7 @@ impl Delivery {
                 }
             }
         }
-        found
+        !sessions.is_empty()
     }
 
     /// A room message: to this node's subscribers, and to the other nodes with subscribers.

@@ -15,36 +15,49 @@ use crate::model::{ConnectionId, DeviceId, UserId};
 #[derive(Default)]
 pub struct Sessions {
     by_id: DashMap<ConnectionId, Arc<Session>>,
-    /// The open connections of each user: a delivery handed over by another node finds its
-    /// devices here without asking the route table.
-    by_user: DashMap<UserId, Vec<ConnectionId>>,
-    parked: DashMap<UserId, Vec<Arc<Session>>>,
-    /// How many are parked (so fan-out skips the lookup when none is).
+    /// Each user's open and parked sessions, in one entry: a device's hand-over from its
+    /// dropped connection to its new one (park, remove, insert, unpark) is never seen
+    /// half-done by [`Sessions::here`], whose one read finds the old session, the new one
+    /// or both.
+    by_user: DashMap<UserId, UserSessions>,
+    /// How many are parked.
     parked_count: AtomicUsize,
+}
+
+/// One user's sessions on this node.
+#[derive(Default)]
+struct UserSessions {
+    open: Vec<Arc<Session>>,
+    parked: Vec<Arc<Session>>,
+}
+
+impl UserSessions {
+    fn is_empty(&self) -> bool {
+        self.open.is_empty() && self.parked.is_empty()
+    }
 }
 
 impl Sessions {
     pub fn insert(&self, connection: Arc<Session>) {
-        self.by_user.entry(connection.user.clone()).or_default().push(connection.id);
+        self.by_user.entry(connection.user.clone()).or_default().open.push(Arc::clone(&connection));
         self.by_id.insert(connection.id, connection);
     }
 
     pub fn remove(&self, id: ConnectionId) {
         let Some((_, session)) = self.by_id.remove(&id) else { return };
-        if let Some(mut ids) = self.by_user.get_mut(&session.user) {
-            ids.retain(|&other| other != id);
-            let now_empty = ids.is_empty();
-            drop(ids);
-            if now_empty {
-                self.by_user.remove_if(&session.user, |_, ids| ids.is_empty());
-            }
-        }
+        self.change_user(&session.user, |sessions| sessions.open.retain(|open| open.id != id));
     }
 
     /// The open sessions of `user` on this node.
     pub fn of_user(&self, user: &UserId) -> Vec<Arc<Session>> {
-        let Some(ids) = self.by_user.get(user) else { return Vec::new() };
-        ids.iter().filter_map(|id| self.get(*id)).collect()
+        self.by_user.get(user).map(|sessions| sessions.open.clone()).unwrap_or_default()
+    }
+
+    /// Every session of `user` on this node, open or parked, as one read: a message offered
+    /// to each reaches a device that is reconnecting by its old session or its new one.
+    pub fn here(&self, user: &UserId) -> Vec<Arc<Session>> {
+        let Some(sessions) = self.by_user.get(user) else { return Vec::new() };
+        sessions.open.iter().chain(&sessions.parked).cloned().collect()
     }
 
     pub fn get(&self, id: ConnectionId) -> Option<Arc<Session>> {
@@ -68,7 +81,7 @@ impl Sessions {
 
     /// Keeps a dropped connection (already [`Session::park`]ed) for its device's return.
     pub fn park(&self, connection: Arc<Session>) {
-        self.parked.entry(connection.user.clone()).or_default().push(connection);
+        self.by_user.entry(connection.user.clone()).or_default().parked.push(connection);
         self.parked_count.fetch_add(1, Ordering::SeqCst);
     }
 
@@ -84,25 +97,25 @@ impl Sessions {
     }
 
     fn take_parked(&self, user: &UserId, which: impl Fn(&Arc<Session>) -> bool) -> Option<Arc<Session>> {
-        let mut devices = self.parked.get_mut(user)?;
-        let taken = devices.iter().position(which).map(|at| devices.swap_remove(at));
-        let now_empty = devices.is_empty();
-        drop(devices);
-        if now_empty {
-            self.parked.remove_if(user, |_, devices| devices.is_empty());
-        }
+        let taken = self.change_user(user, |sessions| {
+            sessions.parked.iter().position(which).map(|at| sessions.parked.swap_remove(at))
+        })?;
         if taken.is_some() {
             self.parked_count.fetch_sub(1, Ordering::SeqCst);
         }
         taken
     }
 
-    /// The parked connections of `user` (fan-out notes what they are owed).
-    pub fn parked_of(&self, user: &UserId) -> Vec<Arc<Session>> {
-        if self.parked_count.load(Ordering::SeqCst) == 0 {
-            return Vec::new();
+    /// Applies `change` to `user`'s entry, if there is one, and drops the entry once empty.
+    fn change_user<T>(&self, user: &UserId, change: impl FnOnce(&mut UserSessions) -> T) -> Option<T> {
+        let mut sessions = self.by_user.get_mut(user)?;
+        let out = change(&mut sessions);
+        let now_empty = sessions.is_empty();
+        drop(sessions);
+        if now_empty {
+            self.by_user.remove_if(user, |_, sessions| sessions.is_empty());
         }
-        self.parked.get(user).map(|devices| devices.clone()).unwrap_or_default()
+        Some(out)
     }
 
     /// How many are parked.
@@ -114,7 +127,6 @@ impl Sessions {
     pub fn shrink_if_sparse(&self) {
         shrink_if_sparse(&self.by_id);
         shrink_if_sparse(&self.by_user);
-        shrink_if_sparse(&self.parked);
     }
 }
 
@@ -150,5 +162,34 @@ mod tests {
         assert!(ids_of(&sessions, "bob").is_empty());
         assert!(!sessions.by_user.contains_key(&user_id("bob")), "no empty entry is left behind");
         assert_eq!(ids_of(&sessions, "carol"), [3]);
+    }
+
+    /// A device's hand-over from its dropped session to its new one: every step leaves
+    /// at least one of them in `here`, and nothing behind once both are gone.
+    #[test]
+    fn a_reconnecting_device_always_has_a_session_here() {
+        let sessions = Sessions::default();
+        let old = session(1, "bob", "phone");
+        sessions.insert(Arc::clone(&old));
+        let here = |sessions: &Sessions| -> Vec<u64> {
+            let mut ids: Vec<u64> = sessions.here(&user_id("bob")).iter().map(|session| session.id.0).collect();
+            ids.sort_unstable();
+            ids
+        };
+        // The gateway's detach: parked before its removal.
+        sessions.park(Arc::clone(&old));
+        assert_eq!(here(&sessions), [1, 1], "open and parked at once: offered twice, owed once");
+        sessions.remove(old.id);
+        assert_eq!(here(&sessions), [1]);
+        assert_eq!(ids_of(&sessions, "bob"), Vec::<u64>::new(), "parked is not open");
+        // The new connection: registered before it takes over from the parked one.
+        sessions.insert(session(2, "bob", "phone"));
+        assert_eq!(here(&sessions), [1, 2]);
+        assert!(sessions.unpark(&user_id("bob"), &device_id("phone")).is_some_and(|s| Arc::ptr_eq(&s, &old)));
+        assert_eq!(here(&sessions), [2]);
+        assert_eq!(sessions.parked_len(), 0);
+        sessions.remove(ConnectionId(2));
+        assert!(here(&sessions).is_empty());
+        assert!(!sessions.by_user.contains_key(&user_id("bob")), "no empty entry is left behind");
     }
 }
