@@ -153,11 +153,13 @@ build_language_guests() {
 # in dev mode on 127.0.0.1:$1 with data dir $2 (further arguments are VAR=value settings
 # for it), waits until it answers, and sets $server (its process id). The scripts' own
 # HERALD_LOADTEST_* settings are not the server's: Herald refuses unknown HERALD_* keys.
+# The array `herald_flags`, when set, holds more flags for `herald serve`.
 start_herald() {
     local port=$1 data=$2
     shift 2
     RUST_LOG=warn env -u HERALD_LOADTEST_PLUGINS -u HERALD_LOADTEST_PORT "$@" \
-        "${herald_bin:-target/release/herald}" serve --dev --listen "127.0.0.1:$port" --data-dir "$data" &
+        "${herald_bin:-target/release/herald}" serve --dev --listen "127.0.0.1:$port" --data-dir "$data" \
+        ${herald_flags[@]+"${herald_flags[@]}"} &
     server=$!
     for _ in $(seq 1 300); do
         curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0

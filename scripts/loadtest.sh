@@ -14,6 +14,8 @@
 #   scripts/loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
 #   HERALD_LOADTEST_PLUGINS=1 scripts/loadtest.sh     # the same with all four first-party plugins loaded
 #   REPORT=DIR scripts/loadtest.sh                    # also charts and a page per phase: DIR/<phase>/index.html
+#   ALLOCS=1 scripts/loadtest.sh                      # also Herald's allocations per message stored, per phase
+#                                                     # (herald serve --count-allocations: a few ns each)
 #
 # Room fan-out (issue 16), the same fresh Herald, each run compared with herald-relay's
 # broadcast (no persistence): publishers send as fast as their in-flight limit allows (a
@@ -102,6 +104,8 @@ if [ "$mode" = rooms ] || [ "$mode" = idle ]; then
     ulimit -n "$hard"
     say "file-descriptor limit (ulimit -n) set to $(ulimit -n) (hard limit $hard)"
 fi
+herald_flags=()
+[ "${ALLOCS:-0}" != 1 ] || herald_flags=(--count-allocations)
 start_herald "$port" "$data"
 say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; load generator on the same box"
 if [ "$mode" = rooms ]; then
@@ -242,17 +246,37 @@ PY
 say "the data dir's fdatasync p99: $((fsync_p99_us / 1000)).$(printf '%03d' $((fsync_p99_us % 1000))) ms ($(df --output=fstype "$data" | tail -n 1))"
 results=$(mktemp -d)
 trap 'stop_herald; rm -rf "$data" "$results"' EXIT
+# With ALLOCS=1: "allocations bytes messages-stored" from Herald's /metrics.
+alloc_counts() {
+    curl -sf "http://127.0.0.1:$port/metrics" | awk '
+        /^herald_allocations_total / { a = $2 } /^herald_allocated_bytes_total / { b = $2 }
+        /^herald_pipeline_messages_stored_total/ { m += $2 }
+        END { printf "%d %d %d\n", a, b, m }'
+}
+# alloc_per_message NAME BEFORE AFTER: prints what was allocated per message stored between
+# two alloc_counts (connections, acks and deliveries included: everything Herald did).
+alloc_per_message() {
+    [ "${ALLOCS:-0}" = 1 ] || return 0
+    read -r a0 b0 m0 <<<"$2"
+    read -r a1 b1 m1 <<<"$3"
+    [ "$m1" -gt "$m0" ] || return 0
+    say "$1: $(( (a1 - a0) / (m1 - m0) )) allocations and $(( (b1 - b0) / (m1 - m0) )) bytes allocated per message stored ($((m1 - m0)) messages)"
+}
+allocs_1=$(alloc_counts)
 say "1) 1,000 users at a steady 5,000 msgs/s"
 report_flags 1-steady-5000
 target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --compare-relay --quiet "${report[@]}" "$@" | tee "$results/1"
+allocs_2=$(alloc_counts)
 rss_before=$(rss_kib "$server")
 say "2) 1,000 users, as fast as possible, Herald vs a trivial relay"
 report_flags 2-max
 target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --duration 10s --compare-relay --quiet "${report[@]}" "$@" | tee "$results/2"
+allocs_3=$(alloc_counts)
 rss_burst=$(rss_kib "$server")
 say "3) 1,000 users at 5,000 msgs/s right after the burst (SQLite still checkpointing it)"
 report_flags 3-after-burst-5000
 target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --quiet "${report[@]}" "$@" | tee "$results/3"
+allocs_4=$(alloc_counts)
 [ -z "${REPORT:-}" ] || say "reports: $REPORT/{1-steady-5000,2-max,3-after-burst-5000}/index.html"
 say "waiting a minute for the burst's memory to be handed back"
 sleep 60
@@ -269,4 +293,7 @@ say "summary, $(nproc) cores: bound $((bound_us / 1000)).$(printf '%03d' $((boun
 tail -n 1 "$results/1" | verdict "steady 5,000 msgs/s" >&2
 tail -n 1 "$results/3" | verdict "5,000 msgs/s right after the burst" >&2
 tail -n 1 "$results/2" | jq -r '"as fast as possible: Herald \(.herald.sent_per_s) msg/s, relay \(.relay.sent_per_s) msg/s (x\(.herald.sent_per_s / .relay.sent_per_s * 1000 | round / 1000)); target: at least 50,000"' >&2
+alloc_per_message "steady 5,000 msgs/s" "$allocs_1" "$allocs_2"
+alloc_per_message "as fast as possible" "$allocs_2" "$allocs_3"
+alloc_per_message "5,000 msgs/s right after the burst" "$allocs_3" "$allocs_4"
 say "Herald resident: $((rss_before / 1024)) MiB before the burst, $((rss_burst / 1024)) MiB after it, $((rss_later / 1024)) MiB a minute after the last phase ($(( (rss_later - rss_before) * 100 / rss_before ))% above before; target: at most 20%)"

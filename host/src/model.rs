@@ -43,7 +43,7 @@ fn check_name(what: &'static str, name: &str) -> Result<(), InvalidId> {
 }
 
 macro_rules! name_type {
-    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+    ($(#[$doc:meta])* $name:ident, $what:expr) => {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(Arc<str>);
@@ -78,10 +78,13 @@ macro_rules! name_type {
     };
 }
 
+const USER_ID: &str = "user id";
+const GROUP_ID: &str = "group id";
+
 name_type!(
     /// A user, as named by the token's `sub` (or `dev:<user>` in dev mode).
     UserId,
-    "user id"
+    USER_ID
 );
 name_type!(
     /// One of a user's devices; a user may be connected from several at once.
@@ -91,7 +94,7 @@ name_type!(
 name_type!(
     /// A group's id, without the `grp:` prefix.
     GroupId,
-    "group id"
+    GROUP_ID
 );
 
 /// The three kinds of conversation, which decide who its members are.
@@ -118,7 +121,7 @@ impl ConversationId {
     /// [`InvalidId`] when the prefix is unknown, a name breaks the naming rule, or a `dm:`
     /// does not name two users in byte-wise order.
     pub fn parse(raw: &str) -> Result<Self, InvalidId> {
-        Self::kind_of(raw)?;
+        Self::check(raw)?;
         Ok(Self(raw.into()))
     }
 
@@ -136,24 +139,32 @@ impl ConversationId {
 
     /// What kind of conversation this is, and so who its members are.
     pub fn kind(&self) -> ConversationKind {
-        // Parsing succeeded at construction, so it succeeds again.
-        Self::kind_of(&self.0).unwrap_or_else(|_| ConversationKind::Room(String::new()))
+        // Checked at construction: every part is a valid name.
+        let raw: &str = &self.0;
+        if let Some((a, b)) = raw.strip_prefix("dm:").and_then(|pair| pair.split_once(':')) {
+            ConversationKind::Direct(UserId(a.into()), UserId(b.into()))
+        } else if let Some(id) = raw.strip_prefix("grp:") {
+            ConversationKind::Group(GroupId(id.into()))
+        } else {
+            ConversationKind::Room(raw.strip_prefix("room:").unwrap_or_default().to_owned())
+        }
     }
 
-    fn kind_of(raw: &str) -> Result<ConversationKind, InvalidId> {
+    /// Validates `raw` without building its parts (a send's conversation is checked on
+    /// every frame; its members are looked up only where needed).
+    fn check(raw: &str) -> Result<(), InvalidId> {
         if let Some(pair) = raw.strip_prefix("dm:") {
             let (a, b) = pair.split_once(':').ok_or_else(|| InvalidId::BadDirect(raw.to_owned()))?;
-            let a = UserId::parse(a)?;
-            let b = UserId::parse(b)?;
-            if a.as_str() >= b.as_str() {
+            check_name(USER_ID, a)?;
+            check_name(USER_ID, b)?;
+            if a >= b {
                 return Err(InvalidId::BadDirect(raw.to_owned()));
             }
-            Ok(ConversationKind::Direct(a, b))
+            Ok(())
         } else if let Some(id) = raw.strip_prefix("grp:") {
-            Ok(ConversationKind::Group(GroupId::parse(id)?))
+            check_name(GROUP_ID, id)
         } else if let Some(name) = raw.strip_prefix("room:") {
-            check_name("room name", name)?;
-            Ok(ConversationKind::Room(name.to_owned()))
+            check_name("room name", name)
         } else {
             Err(InvalidId::UnknownConversationKind(raw.to_owned()))
         }

@@ -54,6 +54,11 @@ fn latency_buckets(builder: PrometheusBuilder) -> PrometheusBuilder {
 
 /// The metrics in Prometheus text format.
 pub fn render() -> String {
+    if let Some(allocations) = herald_alloc::allocations() {
+        // Counted by the allocator itself (`herald serve --count-allocations`).
+        metrics::counter!("herald_allocations_total").absolute(allocations.count);
+        metrics::counter!("herald_allocated_bytes_total").absolute(allocations.bytes);
+    }
     RECORDER.get().and_then(Option::as_ref).map(PrometheusHandle::render).unwrap_or_default()
 }
 

@@ -18,7 +18,7 @@ pub mod session;
 pub mod sessions;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -233,7 +233,8 @@ impl Delivery {
                 tracing::warn!(%error, suppressed, "a node holding recipients could not be reached");
             }
         }
-        metrics::counter!("herald_delivery_fanouts_total").increment(1);
+        static FANOUTS: OnceLock<metrics::Counter> = OnceLock::new();
+        FANOUTS.get_or_init(|| metrics::counter!("herald_delivery_fanouts_total")).increment(1);
     }
 
     /// Pushes `message` to the devices of `users` connected to this node (another node's
@@ -457,7 +458,10 @@ impl Delivery {
         if let Some(sent_at_ms) = sent_at_ms {
             // Another node's clock may be a little ahead: never a negative latency.
             let millis = SystemClock.now_ms().saturating_sub(sent_at_ms);
-            metrics::histogram!("herald_deliver_ack_seconds").record(millis as f64 / 1000.0);
+            static DELIVER_ACK_SECONDS: OnceLock<metrics::Histogram> = OnceLock::new();
+            DELIVER_ACK_SECONDS
+                .get_or_init(|| metrics::histogram!("herald_deliver_ack_seconds"))
+                .record(millis as f64 / 1000.0);
             self.vitals.deliver_acks.record(Duration::from_millis(millis));
         }
     }
