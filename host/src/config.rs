@@ -621,6 +621,10 @@ mod tests {
         let error = Config::load_from(None, env(&[("HERALD_SEQ__PREFETCH_SEGMENTS", "0")]), &Overrides::default())
             .expect_err("no prefetch");
         assert!(error.to_string().contains("prefetch_segments (0)"), "{error}");
+        let error =
+            Config::load_from(None, env(&[("HERALD_GATEWAY__SHUTDOWN_DELAY_MS", "3600000")]), &Overrides::default())
+                .expect_err("an hour's shutdown delay");
+        assert!(error.to_string().contains("gateway.shutdown_delay_ms 3600000"), "{error}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod sizes;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -81,6 +82,9 @@ pub struct Node {
     pub tls: Option<Tls>,
     /// Turns true at shutdown; every background loop stops on it.
     stop: watch::Sender<bool>,
+    /// Shutdown was announced (`gateway.shutdown_delay_ms`): `/readyz` answers 503 while
+    /// the node still serves.
+    leaving: AtomicBool,
 }
 
 impl Node {
@@ -181,6 +185,7 @@ impl Node {
             cluster,
             tls,
             stop: watch::Sender::new(false),
+            leaving: AtomicBool::new(false),
             config,
         });
         node.start_background(Arc::clone(&seqs), Arc::clone(&lanes), maps);
@@ -268,9 +273,15 @@ impl Node {
         self.delivery.flush_cursors().await;
     }
 
-    /// Whether shutdown has begun.
+    /// Announces shutdown: from now on `/readyz` answers 503 `draining`, while everything
+    /// else goes on as before until [`shut_down`](Self::shut_down).
+    pub fn announce_shutdown(&self) {
+        self.leaving.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether shutdown has begun (or was announced).
     pub fn is_draining(&self) -> bool {
-        self.gateway.is_draining()
+        self.leaving.load(Ordering::SeqCst) || self.gateway.is_draining()
     }
 
     /// Whether storage answers (for `/readyz`).

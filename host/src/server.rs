@@ -77,9 +77,16 @@ impl RunningServer {
         self.node.must_stop().await;
     }
 
-    /// Stops accepting, lets requests in flight finish, flushes queued writes and closes
+    /// Answers `/readyz` with 503 for `gateway.shutdown_delay_ms` while still serving, then
+    /// stops accepting, lets requests in flight finish, flushes queued writes and closes
     /// the database.
     pub async fn shutdown(self) {
+        let delay = self.node.config.gateway.shutdown_delay_ms;
+        if delay > 0 {
+            self.node.announce_shutdown();
+            tracing::info!(delay_ms = delay, "/readyz answers 503 until the node stops accepting");
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         let _ = self.stop.send(true);
         self.node.shut_down().await;
         if let Err(error) = self.task.await {

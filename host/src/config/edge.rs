@@ -41,6 +41,11 @@ pub struct GatewayConfig {
     /// On shutdown each connection gets `go_away` with a `reconnect_after_ms` drawn from
     /// 0..this, so the clients of a restarted node do not all come back in the same instant.
     pub go_away_spread_ms: u32,
+    /// On shutdown `/readyz` answers 503 `draining` for this many ms while the node goes on
+    /// serving as before (new connections too); only then does it stop accepting and send
+    /// its clients away. Set it above your load balancer's probe interval, so that the
+    /// balancer stops sending clients here before the listener closes. 0: at once.
+    pub shutdown_delay_ms: u64,
     /// A dropped connection is kept this many ms for its device's return, noting what it is
     /// owed; a device back in time is backfilled only that, not every conversation (a quick
     /// reconnect causes no backfill storm). 0 turns this off.
@@ -67,11 +72,15 @@ impl Default for GatewayConfig {
             frame_burst: 4_000,
             header_read_timeout_ms: 10_000,
             go_away_spread_ms: 5_000,
+            shutdown_delay_ms: 0,
             reconnect_grace_ms: 30_000,
             tcp_keepalive_ms: 60_000,
         }
     }
 }
+
+/// Longest `gateway.shutdown_delay_ms` accepted.
+const MAX_SHUTDOWN_DELAY_MS: u64 = 600_000;
 
 impl GatewayConfig {
     /// Checks the settings make sense.
@@ -96,6 +105,13 @@ impl GatewayConfig {
         }
         if self.max_token_bytes < 64 {
             return Err(format!("gateway.max_token_bytes {} must be at least 64", self.max_token_bytes));
+        }
+        if self.shutdown_delay_ms > MAX_SHUTDOWN_DELAY_MS {
+            return Err(format!(
+                "gateway.shutdown_delay_ms {} is more than {MAX_SHUTDOWN_DELAY_MS} (10 minutes): a service manager \
+                 would kill the node first",
+                self.shutdown_delay_ms
+            ));
         }
         Ok(())
     }

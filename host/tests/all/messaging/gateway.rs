@@ -144,6 +144,45 @@ async fn shutdown_sends_go_away_then_closes_with_1012_in_either_encoding() {
     }
 }
 
+/// With `gateway.shutdown_delay_ms`, a stopping node first only answers `/readyz` with 503
+/// (so a load balancer stops sending clients) while it goes on serving everyone, new
+/// clients too; then it drains as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_delay_answers_readyz_503_while_the_node_still_serves() {
+    let mut herald = Herald::with().set("GATEWAY__SHUTDOWN_DELAY_MS", 5_000).start().await;
+    let mut alice = Client::connect(&herald, "alice", "phone").await;
+    let mut bob = Client::connect(&herald, "bob", "phone").await;
+
+    herald.signal("TERM");
+    let deadline = std::time::Instant::now() + super::WAIT;
+    let readyz = loop {
+        let readyz = herald.get("/readyz", None).await;
+        if readyz.status == 503 || std::time::Instant::now() > deadline {
+            break readyz;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(readyz.status, 503, "{readyz:?}");
+    assert_eq!(readyz.json()["error"]["code"], "draining", "{readyz:?}");
+    // Still serving: a send is delivered, and a new device connects and sends.
+    let ack = alice.send_ok(&dm("alice", "bob"), "still here?").await;
+    bob.deliver_of(ack.message_id).await;
+    let mut carol = Client::connect(&herald, "carol", "phone").await;
+    carol.send_ok(&dm("alice", "carol"), "just in").await;
+
+    // Then the drain: go_away, 1012, a clean exit.
+    for client in [&mut alice, &mut bob, &mut carol] {
+        client
+            .wait_for("go_away", super::WAIT, |frame| match &frame.body {
+                Some(v1::frame::Body::GoAway(go_away)) => Some(go_away.clone()),
+                _ => None,
+            })
+            .await;
+        client.expect_close_code(1012, "after go_away").await;
+    }
+    assert!(herald.wait_exit().await, "herald exits cleanly\n{}", herald.log_tail());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_device_connecting_again_kicks_the_old_connection_with_4009() {
     let herald = Herald::start().await;

@@ -176,9 +176,13 @@ impl Herald {
     /// SIGTERM, as a service manager stops it, and waits (up to 30 s) for the process to
     /// exit; returns whether it exited successfully.
     pub async fn terminate(&mut self) -> bool {
+        self.signal("TERM");
+        self.wait_exit().await
+    }
+
+    /// Waits (up to 30 s) for the process to exit; returns whether it exited successfully.
+    pub async fn wait_exit(&mut self) -> bool {
         let mut child = self.child.take().expect("herald is running");
-        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("run kill");
-        assert!(status.success(), "kill -TERM failed");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = child.try_wait().expect("wait for herald") {
