@@ -52,6 +52,22 @@ fn latency_buckets(builder: PrometheusBuilder) -> PrometheusBuilder {
     }
 }
 
+/// `metrics::counter!("name")` or `metrics::histogram!("name")` for a hot path: the handle
+/// is registered on first use and kept, where the macro alone builds its key and looks it
+/// up (an allocation) on every call. A handle registered before [`install`] stays a no-op,
+/// so only for code that runs once the node is up.
+macro_rules! registered {
+    (counter, $name:literal) => {{
+        static HANDLE: std::sync::OnceLock<metrics::Counter> = std::sync::OnceLock::new();
+        HANDLE.get_or_init(|| metrics::counter!($name))
+    }};
+    (histogram, $name:literal) => {{
+        static HANDLE: std::sync::OnceLock<metrics::Histogram> = std::sync::OnceLock::new();
+        HANDLE.get_or_init(|| metrics::histogram!($name))
+    }};
+}
+pub(crate) use registered;
+
 /// The metrics in Prometheus text format.
 pub fn render() -> String {
     if let Some(allocations) = herald_alloc::allocations() {

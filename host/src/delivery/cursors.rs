@@ -67,6 +67,7 @@ impl CursorBuffer {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use async_trait::async_trait;
     use tokio::sync::Notify;
@@ -79,7 +80,7 @@ mod tests {
     #[derive(Default)]
     struct GatedStore {
         gate: Notify,
-        fail: std::sync::atomic::AtomicBool,
+        fail: AtomicBool,
         written: Mutex<Vec<u64>>,
     }
 
@@ -87,7 +88,7 @@ mod tests {
     impl CursorStore for GatedStore {
         async fn advance_cursors(&self, updates: &[CursorUpdate]) -> Result<(), StoreError> {
             self.gate.notified().await;
-            if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            if self.fail.load(Ordering::SeqCst) {
                 return Err(StoreError::Unavailable("down".into()));
             }
             self.written.lock().unwrap_or_else(|p| p.into_inner()).extend(updates.iter().map(|u| u.seq));
@@ -138,12 +139,12 @@ mod tests {
     async fn a_failed_write_keeps_the_position_for_the_next_flush() {
         let (buffer, store) = (CursorBuffer::default(), GatedStore::default());
         ack(&buffer, 3);
-        store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        store.fail.store(true, Ordering::SeqCst);
         store.gate.notify_one();
         buffer.flush(&store).await;
         assert_eq!(pending_of(&buffer), Some(3));
 
-        store.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        store.fail.store(false, Ordering::SeqCst);
         store.gate.notify_one();
         buffer.flush(&store).await;
         assert_eq!(*store.written.lock().unwrap_or_else(|p| p.into_inner()), [3]);

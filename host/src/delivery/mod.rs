@@ -18,7 +18,7 @@ pub mod session;
 pub mod sessions;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -35,7 +35,7 @@ use crate::routing::bus::NodeBus;
 use crate::routing::rooms::{RoomDirectory, Rooms};
 use crate::routing::{Route, RouteTable};
 use crate::store::{ConversationStore, CursorStore, GroupStore, MessageStore};
-use crate::telemetry::Throttle;
+use crate::telemetry::{Throttle, registered};
 
 use cursors::CursorBuffer;
 use filter::RecipientFilter;
@@ -233,8 +233,7 @@ impl Delivery {
                 tracing::warn!(%error, suppressed, "a node holding recipients could not be reached");
             }
         }
-        static FANOUTS: OnceLock<metrics::Counter> = OnceLock::new();
-        FANOUTS.get_or_init(|| metrics::counter!("herald_delivery_fanouts_total")).increment(1);
+        registered!(counter, "herald_delivery_fanouts_total").increment(1);
     }
 
     /// Pushes `message` to the devices of `users` connected to this node (another node's
@@ -458,10 +457,7 @@ impl Delivery {
         if let Some(sent_at_ms) = sent_at_ms {
             // Another node's clock may be a little ahead: never a negative latency.
             let millis = SystemClock.now_ms().saturating_sub(sent_at_ms);
-            static DELIVER_ACK_SECONDS: OnceLock<metrics::Histogram> = OnceLock::new();
-            DELIVER_ACK_SECONDS
-                .get_or_init(|| metrics::histogram!("herald_deliver_ack_seconds"))
-                .record(millis as f64 / 1000.0);
+            registered!(histogram, "herald_deliver_ack_seconds").record(millis as f64 / 1000.0);
             self.vitals.deliver_acks.record(Duration::from_millis(millis));
         }
     }

@@ -1,6 +1,6 @@
 //! The reader side of a connection: decoding frames and handing each to its part.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{Message, WebSocket};
@@ -15,6 +15,7 @@ use super::intake::{FrameBudget, InFlight, Refused};
 use super::{Client, Gateway};
 use crate::delivery::pull::PullError;
 use crate::model::ConversationId;
+use crate::telemetry::registered;
 
 use crate::pipeline::Admission;
 use crate::routing::bus::{Origin, SendAck, SendRequest};
@@ -101,11 +102,7 @@ fn ack_frame(ack: SendAck) -> Frame {
 /// send→ack latency (`herald_send_ack_seconds`).
 fn answer(connection: &Connection, ack: Frame, received: Instant) {
     connection.push(ack);
-    // Registered once (a lookup per call allocates).
-    static SEND_ACK_SECONDS: OnceLock<metrics::Histogram> = OnceLock::new();
-    SEND_ACK_SECONDS
-        .get_or_init(|| metrics::histogram!("herald_send_ack_seconds"))
-        .record(received.elapsed().as_secs_f64());
+    registered!(histogram, "herald_send_ack_seconds").record(received.elapsed().as_secs_f64());
 }
 
 /// The `send_ack` RETRY of a send the intake refused: nothing was taken in, the client

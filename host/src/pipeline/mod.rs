@@ -23,7 +23,7 @@ mod stage;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use herald_proto::v1::{self, send_ack::Status};
@@ -42,6 +42,7 @@ use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
 use crate::routing::router::{Router, SendOwner};
 use crate::store::group_commit::Ticket;
 use crate::store::{ConversationStore, Inserted, LeaseError, MessageStore, MessageWriter, OwnerClaim, StoreError};
+use crate::telemetry::registered;
 
 use dedup::{DedupMarks, Mark, Outcome};
 use lanes::{Lane, Lanes};
@@ -518,8 +519,7 @@ impl Pipeline {
             Ok(Inserted::New { id, seq }) => {
                 let stored = Outcome { message_id: id, seq, conversation: message.conversation.clone() };
                 lane.finished(seq, Some(Arc::new(message.clone())));
-                static STORED: OnceLock<metrics::Counter> = OnceLock::new();
-                STORED.get_or_init(|| metrics::counter!("herald_pipeline_messages_stored_total")).increment(1);
+                registered!(counter, "herald_pipeline_messages_stored_total").increment(1);
                 self.vitals.count_stored();
                 Ok((Status::Ok, stored))
             }
