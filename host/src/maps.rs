@@ -1,10 +1,27 @@
-//! Upkeep shared by the node's in-memory maps. A hash map keeps the room it grew to: after
-//! 10,000 devices left, the maps of connections, sessions and routes held room for 10,000
-//! each until the process ended. [`shrink_if_sparse`] gives it back.
+//! The node's in-memory maps: the hasher they share, and their upkeep.
+//!
+//! **Hasher.** The maps a message passes through (connections, sessions, routes, rooms,
+//! retries, acked positions) hash with foldhash rather than the standard SipHash, which
+//! is several times slower on the short keys used here. Their keys are user and conversation
+//! names a client chooses, so the hasher stays keyed: foldhash's `RandomState` draws its seed
+//! at random per process and per map, and a client cannot aim collisions at a seed it never
+//! sees. Where a hash must resist more than that (the dedup fingerprints that stand for a
+//! whole (sender, client_msg_id)), SipHash with secret keys stays (`pipeline/dedup.rs`).
+//!
+//! **Upkeep.** A hash map keeps the room it grew to: after 10,000 devices left, the maps of
+//! connections, sessions and routes held room for 10,000 each until the process ended.
+//! [`shrink_if_sparse`] gives it back.
 
 use std::hash::Hash;
 
-use dashmap::DashMap;
+/// The keyed, fast hasher of the maps above.
+pub type Keyed = foldhash::fast::RandomState;
+/// A `std` hash map with the [`Keyed`] hasher; build it with `default()`.
+pub type HashMap<K, V> = std::collections::HashMap<K, V, Keyed>;
+/// A `std` hash set with the [`Keyed`] hasher; build it with `default()`.
+pub type HashSet<K> = std::collections::HashSet<K, Keyed>;
+/// A concurrent map with the [`Keyed`] hasher; build it with `default()`.
+pub type DashMap<K, V> = dashmap::DashMap<K, V, Keyed>;
 
 /// Room for this many entries is always kept, so a small node never reallocates.
 const KEEP: usize = 1024;
@@ -31,7 +48,7 @@ mod tests {
 
     #[test]
     fn a_map_emptied_after_a_crowd_gives_its_room_back_and_a_busy_one_keeps_it() {
-        let map = DashMap::new();
+        let map = DashMap::default();
         for key in 0..20_000u32 {
             map.insert(key, key);
         }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use moka::sync::Cache;
 
+use crate::maps::Keyed;
 use crate::model::{ConnectionId, ConversationId, ConversationKind, GroupId, UserId};
 use crate::routing::bus::NodeBus;
 use crate::routing::rooms::Rooms;
@@ -60,7 +61,7 @@ pub struct Membership {
     /// Where changes are announced to the other nodes.
     bus: Arc<dyn NodeBus>,
     /// Member lists read from the store; each weighs its member count.
-    groups: Cache<GroupId, Arc<Vec<UserId>>>,
+    groups: Cache<GroupId, Arc<Vec<UserId>>, Keyed>,
     /// Bumped by every drop of a cached list: a read that started before it must not
     /// cache what it read.
     generation: AtomicU64,
@@ -105,7 +106,7 @@ impl Membership {
             store,
             rooms,
             bus,
-            groups: groups.build(),
+            groups: groups.build_with_hasher(Keyed::default()),
             generation: AtomicU64::new(0),
             max_members,
             adding: tokio::sync::Mutex::new(()),

@@ -28,7 +28,6 @@
 //!
 //! [`drop_node`]: RedisRouteTable::drop_node
 
-use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use async_trait::async_trait;
@@ -37,6 +36,7 @@ use redis::Script;
 
 use super::connection::RedisConnection;
 use super::{KeyPrefix, RedisTimeouts};
+use crate::maps::HashMap;
 use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
 use crate::routing::{Route, RouteError, RouteTable};
 

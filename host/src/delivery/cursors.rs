@@ -1,9 +1,9 @@
 //! Coalesced cursor writes: acks update memory at once and reach storage in one batch per
 //! flush interval — never one transaction per ack.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::maps::HashMap;
 use crate::model::{ConversationId, DeviceId, UserId};
 use crate::store::CursorStore;
 use crate::store::cursors::CursorUpdate;

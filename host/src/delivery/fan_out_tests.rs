@@ -2,11 +2,12 @@
 //! the route table (counting its lookups) and the node bus (recording what other nodes are
 //! asked).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
+use crate::maps::HashMap;
 use crate::model::{ConnectionId, DeviceId, GroupId, NodeId, UserId};
 use crate::routing::rooms::RoomDirectory as _;
 use crate::routing::{MemoryRouteTable, Route, RouteError, RouteTable};

@@ -7,10 +7,9 @@
 //! direct conversation on the owner, each node's share of a room's subscribers, the one
 //! user reading), and never about the sender: a sender's own devices get what it sent.
 
-use std::collections::HashSet;
-
 use async_trait::async_trait;
 
+use crate::maps::HashSet;
 use crate::model::{Message, UserId};
 use crate::plugins::{Hook, PluginHost, types};
 
@@ -43,7 +42,7 @@ impl RecipientFilter for PluginHost {
         };
         let dropped = self.deliver_filter(&delivery).await;
         if dropped.is_empty() {
-            return HashSet::new();
+            return HashSet::default();
         }
         recipients.iter().filter(|user| dropped.contains(user.as_str())).cloned().collect()
     }

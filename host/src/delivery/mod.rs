@@ -17,7 +17,7 @@ pub mod rtt;
 pub mod session;
 pub mod sessions;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +29,7 @@ use tokio::sync::Semaphore;
 use crate::clock::{SystemClock, WallClock};
 use crate::config::DeliveryConfig;
 use crate::health::Vitals;
+use crate::maps::{HashMap, HashSet};
 use crate::membership::Membership;
 use crate::model::{ConversationId, ConversationKind, Message, NodeId, UserId};
 use crate::routing::bus::NodeBus;
@@ -135,11 +136,11 @@ impl Delivery {
     /// a filter, and never the sender.
     async fn dropped(&self, message: &Message, users: &[UserId]) -> HashSet<UserId> {
         if !self.filter.active() {
-            return HashSet::new();
+            return HashSet::default();
         }
         let recipients: Vec<UserId> = users.iter().filter(|&user| *user != message.sender).cloned().collect();
         if recipients.is_empty() {
-            return HashSet::new();
+            return HashSet::default();
         }
         let dropped = self.filter.dropped(message, &recipients).await;
         if !dropped.is_empty() {
@@ -210,10 +211,10 @@ impl Delivery {
             if let Some(suppressed) = ROUTES_DOWN.allow() {
                 tracing::warn!(%error, suppressed, "route table unavailable for fan-out");
             }
-            HashMap::new()
+            HashMap::default()
         });
         // Each user once per node, however many of their devices it holds.
-        let mut elsewhere: HashMap<NodeId, BTreeSet<UserId>> = HashMap::new();
+        let mut elsewhere: HashMap<NodeId, BTreeSet<UserId>> = HashMap::default();
         for route in routes.values().flatten().filter(|route| route.node != self.reach.this_node) {
             elsewhere.entry(route.node).or_default().insert(route.user.clone());
         }

@@ -11,7 +11,7 @@
 //! `retry_due` checks the session's acks first. The task ends when the timers are dropped
 //! and nothing is pending any more.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -24,6 +24,7 @@ use tokio_util::time::delay_queue::Key;
 
 use super::Delivery;
 use super::session::Session;
+use crate::maps::HashMap;
 use crate::model::{ConnectionId, ConversationId};
 
 /// One pushed message whose ack is awaited.

@@ -10,7 +10,7 @@
 //! resumed, which seqs were pushed) is made under its one `ledger` lock, so an offer can
 //! never fall between two of them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -20,6 +20,7 @@ use herald_proto::SharedFrame;
 use herald_proto::v1::Frame;
 
 use super::rtt::RttEstimate;
+use crate::maps::HashMap;
 use crate::model::{ConnectionId, ConversationId, DeviceId, UserId};
 
 /// Where a session's frames go: the gateway's socket writer for a local connection.
@@ -153,9 +154,9 @@ impl Session {
             device,
             outbox,
             live: AtomicBool::new(false),
-            acked: Mutex::new(HashMap::new()),
+            acked: Mutex::default(),
             ledger: Mutex::new(Ledger::default()),
-            newest_push: Mutex::new(HashMap::new()),
+            newest_push: Mutex::default(),
             rtt: RttEstimate::default(),
         }
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use dashmap::DashMap;
+use crate::maps::DashMap;
 
 use super::session::Session;
 use crate::maps::shrink_if_sparse;

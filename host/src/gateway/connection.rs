@@ -11,8 +11,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::maps::DashMap;
 use async_trait::async_trait;
-use dashmap::DashMap;
 use herald_proto::SharedFrame;
 use herald_proto::v1::{self, Frame};
 use tokio::sync::Notify;

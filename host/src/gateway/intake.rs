@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use crate::maps::DashMap;
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use dashmap::DashMap;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, NotUntil, Quota, RateLimiter};
 
@@ -208,7 +208,7 @@ impl Intake {
             next_turn_us: AtomicU64::new(0),
             started: std::time::Instant::now(),
             connections: AtomicUsize::new(0),
-            per_ip: DashMap::new(),
+            per_ip: DashMap::default(),
             config,
         }
     }

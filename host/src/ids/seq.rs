@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dashmap::DashMap;
+use crate::maps::DashMap;
 use tokio::time::Instant;
 
 use crate::config::{MAX_PREFETCH, SeqConfig};
@@ -64,7 +64,7 @@ pub struct SeqAllocator {
     config: SeqConfig,
     /// Local segments, one entry per conversation in use. The fast path takes a seq under
     /// the entry's shard lock and no other (two atomic operations per seq).
-    conversations: DashMap<ConversationId, Conversation, foldhash::fast::RandomState>,
+    conversations: DashMap<ConversationId, Conversation>,
     /// Leases a caller had to wait for (its conversation outran the prefetch).
     foreground_leases: AtomicU64,
     /// Leases made, in the foreground or not: round trips to the database.

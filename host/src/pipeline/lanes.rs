@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use dashmap::DashMap;
+use crate::maps::DashMap;
 
 use async_trait::async_trait;
 
@@ -83,7 +83,7 @@ impl Lane {
 /// Every conversation's lane on this node.
 #[derive(Default)]
 pub struct Lanes {
-    lanes: DashMap<ConversationId, Arc<Lane>, foldhash::fast::RandomState>,
+    lanes: DashMap<ConversationId, Arc<Lane>>,
 }
 
 impl Lanes {

@@ -34,6 +34,7 @@ use crate::delivery::Delivery;
 use crate::health::Vitals;
 use crate::ids::seq::Allocated;
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
+use crate::maps::Keyed;
 use crate::membership::{Membership, Refusal};
 use crate::model::{ClientMsgId, ConversationId, ConversationKind, InvalidId, Message, NodeId};
 use crate::plugins::types::{Message as HookMessage, MessageDecision};
@@ -173,7 +174,7 @@ pub struct Pipeline {
     clock: Arc<dyn WallClock>,
     /// Direct conversations already recorded in `user_conversations` by this process
     /// (bounded; one forgotten is recorded again, harmlessly).
-    known_direct: moka::sync::Cache<ConversationId, ()>,
+    known_direct: moka::sync::Cache<ConversationId, (), Keyed>,
     /// The message-policy hook (step 4).
     plugins: Arc<PluginHost>,
     /// Errors clients see, for the health snapshot.
@@ -194,9 +195,9 @@ impl Pipeline {
     pub fn new(parts: PipelineParts) -> Self {
         let known_direct = moka::sync::Cache::builder().max_capacity(MAX_KNOWN_DIRECT);
         let known_direct = if parts.known_direct_idle.is_zero() {
-            known_direct.build()
+            known_direct.build_with_hasher(Keyed::default())
         } else {
-            known_direct.time_to_idle(parts.known_direct_idle).build()
+            known_direct.time_to_idle(parts.known_direct_idle).build_with_hasher(Keyed::default())
         };
         Self {
             writer: parts.writer,

@@ -22,7 +22,6 @@
 //! ([`forget_stale`](RouteTable::forget_stale)), so every node drops its entry then, not
 //! at the TTL.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -31,6 +30,7 @@ use async_trait::async_trait;
 use moka::sync::Cache;
 
 use super::{Route, RouteError, RouteTable};
+use crate::maps::{HashMap, Keyed};
 use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
 
 /// Tells the other nodes that users' routes changed, so they drop their cached entries.
@@ -61,7 +61,7 @@ impl CacheCounts {
 pub struct CachedRoutes {
     inner: Arc<dyn RouteTable>,
     /// user → their routes (empty: no device connected).
-    entries: Cache<UserId, Arc<[Route]>, foldhash::fast::RandomState>,
+    entries: Cache<UserId, Arc<[Route]>, Keyed>,
     /// Bumped by every change seen here; a lookup stores its answer only if it did not move.
     changes: AtomicU64,
     /// Set once the node bus exists (it is built after the route table).
@@ -72,10 +72,7 @@ pub struct CachedRoutes {
 impl CachedRoutes {
     /// Caches lookups of `inner` for `ttl`, at most `capacity` users.
     pub fn new(inner: Arc<dyn RouteTable>, ttl: Duration, capacity: u64) -> Self {
-        let entries = Cache::builder()
-            .time_to_live(ttl)
-            .max_capacity(capacity)
-            .build_with_hasher(foldhash::fast::RandomState::default());
+        let entries = Cache::builder().time_to_live(ttl).max_capacity(capacity).build_with_hasher(Keyed::default());
         Self {
             inner,
             entries,
@@ -143,7 +140,7 @@ impl RouteTable for CachedRoutes {
     }
 
     async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
-        let mut found = HashMap::with_capacity(users.len());
+        let mut found = HashMap::with_capacity_and_hasher(users.len(), Default::default());
         let mut missing = Vec::new();
         for user in users {
             match self.entries.get(user) {

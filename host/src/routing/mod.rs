@@ -13,10 +13,8 @@ pub mod rooms;
 pub mod router;
 pub mod topology;
 
-use std::collections::HashMap;
-
+use crate::maps::{DashMap, HashMap};
 use async_trait::async_trait;
-use dashmap::DashMap;
 
 use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
 

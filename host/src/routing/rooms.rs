@@ -6,10 +6,8 @@
 //! owning a room publishes each message to the nodes the directory names; each pushes it to
 //! its own subscribers.
 
-use std::collections::HashSet;
-
+use crate::maps::{DashMap, HashSet};
 use async_trait::async_trait;
-use dashmap::DashMap;
 
 use super::RouteError;
 use crate::model::{ConnectionId, ConversationId, NodeId};

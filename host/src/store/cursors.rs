@@ -4,12 +4,11 @@
 //! acks that arrive out of order (or are replayed) are harmless. Writes come in batches —
 //! the delivery layer coalesces acks and flushes them together, never one transaction per ack.
 
-use std::collections::HashMap;
-
 use async_trait::async_trait;
 use sqlx::QueryBuilder;
 
 use super::{CursorStore, Database, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned};
+use crate::maps::HashMap;
 use crate::model::{ConversationId, DeviceId, UserId};
 
 /// "This device has every message of the conversation up to `seq`."
@@ -27,7 +26,8 @@ impl CursorStore for Database {
         // All in one transaction, in statements of at most `ROWS_PER_STATEMENT` rows: a flush
         // after a burst of acks can hold more cursors than one statement may bind.
         // One row per key (the highest seq), since a statement may not touch a row twice.
-        let mut highest: HashMap<(&str, &str, &str), u64> = HashMap::with_capacity(updates.len());
+        let mut highest: HashMap<(&str, &str, &str), u64> =
+            HashMap::with_capacity_and_hasher(updates.len(), Default::default());
         for u in updates {
             let seq = highest.entry((u.user.as_str(), u.device.as_str(), u.conversation.as_str())).or_default();
             *seq = (*seq).max(u.seq);

@@ -10,13 +10,12 @@
 //! names that owner ([`StoreError::Fenced`] otherwise); the lock holds a new owner's lease
 //! back until the batch has committed (see `seq_lease.rs`). SQLite, one node, does not check.
 
-use std::collections::{HashMap, HashSet};
-
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, QueryBuilder, Row, Type};
 
 use super::seq_lease::{Fence, fence_of};
 use super::{Database, MessageStore, Pool, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned};
+use crate::maps::{HashMap, HashSet};
 use crate::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
 
 /// A message to store, with the fence of the lease its seq came from.
@@ -216,7 +215,7 @@ impl Database {
     async fn insert_batch_in_transaction<'m>(&self, batch: &'m [Submission]) -> Result<Written, StoreError> {
         // One transaction for the whole batch (one commit, one fsync), split into
         // statements small enough for every driver's limit on bound parameters.
-        let mut inserted: HashSet<i64> = HashSet::with_capacity(batch.len());
+        let mut inserted: HashSet<i64> = HashSet::with_capacity_and_hasher(batch.len(), Default::default());
         // Rows in (conversation, seq) order: each conversation's index entries then go in
         // one after another, onto pages just touched, instead of jumping between them; and
         // concurrent batches take row locks in one order (no deadlock between writers).
@@ -225,7 +224,7 @@ impl Database {
             (a.message.conversation.as_str(), a.message.seq).cmp(&(b.message.conversation.as_str(), b.message.seq))
         });
         // Rows refused by the fence check, by their place in `batch`, with the owner found.
-        let mut fenced: HashMap<usize, Option<Fence>> = HashMap::new();
+        let mut fenced: HashMap<usize, Option<Fence>> = HashMap::default();
         let sync = on_backend!(self.writer, |pool, sql| {
             let mut connection = pool.acquire().await?;
             let statement = |chunk: &[(usize, &'m Submission)]| {

@@ -7,13 +7,12 @@
 //! (BEGIN, the lock, the insert, COMMIT), each a wake-up of the server process and of ours:
 //! on a busy machine, most of a commit's time.
 
-use std::collections::{HashMap, HashSet};
-
 use sqlx::PgPool;
 
 use super::messages::{Submission, Written};
 use super::seq_lease::fence_of;
 use super::{LeaseSql, Sql, StoreError, signed};
+use crate::maps::{HashMap, HashSet};
 
 /// The PostgreSQL dialect.
 pub const SQL: Sql = Sql {
@@ -113,8 +112,8 @@ pub(super) async fn insert_batch(pool: &PgPool, batch: &[Submission]) -> Result<
         .bind(fenced_conversations)
         .fetch_all(pool)
         .await?;
-    let mut inserted = HashSet::with_capacity(batch.len());
-    let mut owners = HashMap::new();
+    let mut inserted = HashSet::with_capacity_and_hasher(batch.len(), Default::default());
+    let mut owners = HashMap::default();
     for row in rows {
         match row {
             (Some(id), ..) => {

@@ -5,7 +5,7 @@
 //! Redis stalls. Each test works under a prefix of its own and deletes its keys when done.
 //! A Redis that cannot be reached fails the test, never skips it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -14,6 +14,7 @@ use herald_host::breaker::{Breaker, BreakerConfig, BreakerState};
 use herald_host::cluster::{
     MarkLifetimes, RedisConnection, RedisDedup, RedisRoomDirectory, RedisRouteTable, RedisTimeouts,
 };
+use herald_host::maps::HashMap;
 use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, NodeId, UserId};
 use herald_host::pipeline::SendError;
 use herald_host::pipeline::dedup::{DedupMarks, Mark, Outcome};

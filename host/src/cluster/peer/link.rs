@@ -7,7 +7,6 @@
 //! it any more ([`Link::is_open`] turns false, and [`PeerBus`](super::PeerBus) opens a new
 //! one on the next call).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::frame::{self, AbortOnDrop, FrameError, MAX_FRAME_BYTES, Outgoing};
 use super::{PeerSecret, ReadHalf, WriteHalf, handshake};
+use crate::maps::HashMap;
 use crate::model::NodeId;
 use crate::tls::Tls;
 
