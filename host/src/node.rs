@@ -103,7 +103,11 @@ impl Node {
         let database = open_storage(&config).await?;
         let committer = GroupCommitter::start(database.clone(), &config.storage.group_commit);
         let cluster = match config.cluster.enabled() {
-            true => Some(Arc::new(Cluster::join(&config, tls.clone()).await?)),
+            true => {
+                // Counted in Redis, which may have lost the count while no node ran.
+                let epoch_floor = database.highest_owner_epoch().await?;
+                Some(Arc::new(Cluster::join(&config, tls.clone(), epoch_floor).await?))
+            }
             false => None,
         };
         // Cluster mode keeps plugin KV and rate limits in Redis, so they hold on every node.

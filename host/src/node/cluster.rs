@@ -101,12 +101,13 @@ pub struct ClusterStatus {
 }
 
 impl Cluster {
-    /// Connects to Redis, binds the peer listener and leases a node id.
+    /// Connects to Redis, binds the peer listener and leases a node id, moving the ring's
+    /// epoch above `epoch_floor` (the highest owner epoch the database holds).
     ///
     /// # Errors
     /// [`NodeError::Config`] naming what failed: Redis unreachable, the peer address taken,
     /// a pinned node id held by a live node, an unusable secret or client URL.
-    pub async fn join(config: &Config, tls: Option<Tls>) -> Result<Self, NodeError> {
+    pub async fn join(config: &Config, tls: Option<Tls>, epoch_floor: u64) -> Result<Self, NodeError> {
         let settings = &config.cluster;
         let refuse = |what: String| NodeError::Config(what);
         let url = settings.redis_url.as_deref().unwrap_or_default();
@@ -134,6 +135,7 @@ impl Cluster {
         let membership_settings = MembershipSettings {
             pinned: config.node_id.map(NodeId),
             virtual_nodes: settings.virtual_nodes,
+            epoch_floor,
             ..MembershipSettings::new(advertise).with_lease_ttl(settings.lease_ttl())
         };
         // The lease has a connection of its own, without a breaker (crate::breaker): its

@@ -173,6 +173,22 @@ pub(super) fn fence_of(node: i64, epoch: i64) -> Result<Fence, StoreError> {
 }
 
 impl Database {
+    /// The highest owner epoch any `session_seq` row names (0 when there is none).
+    ///
+    /// Ring epochs are counted in Redis. A cluster whose Redis lost its data while none of
+    /// its nodes ran (a full restart) would count from zero again, and a conversation owned
+    /// at an epoch above the new count could then be leased by no node until the count
+    /// caught up: a node joining counts from here at least (`cluster/membership`). One scan
+    /// of `session_seq` at start.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database cannot be read.
+    pub async fn highest_owner_epoch(&self) -> Result<u64, StoreError> {
+        const HIGHEST: &str = "SELECT COALESCE(MAX(owner_epoch), 0) FROM session_seq";
+        let highest: i64 = on_backend!(self.reader, |pool, _sql| sqlx::query_scalar(HIGHEST).fetch_one(pool).await?);
+        unsigned(highest, "session_seq.owner_epoch")
+    }
+
     /// The lease itself, in the store's own error type.
     async fn lease_range(
         &self,

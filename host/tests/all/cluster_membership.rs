@@ -290,6 +290,20 @@ async fn nodes_reassert_their_leases_after_redis_lost_its_data() {
     leave_all(&[&a, &b, &newcomer]).await;
 }
 
+/// A cluster restarted on a Redis that lost its data counts epochs from the database's
+/// highest owner epoch (the join's floor), not from zero; a floor below the count in force
+/// changes nothing.
+#[tokio::test]
+async fn a_join_counts_epochs_from_its_floor_and_never_below_the_count_in_force() {
+    let scratch = Scratch::new().await;
+    let first = scratch.try_join(MembershipSettings { epoch_floor: 1_000, ..settings(1) }).await.expect("join");
+    assert_eq!(first.view().epoch, 1_001, "the first ring is newer than any owner the database names");
+    let second = scratch.try_join(MembershipSettings { epoch_floor: 3, ..settings(2) }).await.expect("join");
+    eventually("both nodes agree", || agree(&[&first, &second])).await;
+    assert_eq!(second.view().epoch, 1_002, "a lower floor does not take the count back");
+    leave_all(&[&first, &second]).await;
+}
+
 #[tokio::test]
 async fn joining_through_a_redis_that_does_not_answer_fails_with_a_redis_error() {
     let scratch = Scratch::new().await;

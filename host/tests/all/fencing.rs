@@ -27,6 +27,7 @@ on_every_backend!(
     the_old_owner_takes_it_back_at_a_later_epoch_and_fences_the_interim_one,
     the_same_node_at_a_newer_epoch_keeps_its_fence_so_its_messages_in_flight_commit,
     allocators_of_two_nodes_hand_a_conversation_over,
+    the_highest_owner_epoch_is_read_from_every_row,
 );
 
 /// The scenarios only the server backends can run: commits checked under a shared lock.
@@ -150,6 +151,20 @@ async fn a_newer_epoch_takes_over_above_the_old_range_and_fences_the_old_owner(b
         assert!(error.contains("node 1 at ring epoch 1") && error.contains("node 2 (since ring epoch 2)"), "{error}");
         assert_eq!(stored_seqs(node_a, CONVERSATION).await, vec![b.range.first], "only B's message is stored");
     }
+    node_b.close().await;
+    db.drop_database().await;
+}
+
+/// The highest owner epoch of `session_seq` (where a cluster counts epochs from after its
+/// Redis lost them): 0 with no row, then the highest any row names, whichever node holds it.
+async fn the_highest_owner_epoch_is_read_from_every_row(backend: Backend) {
+    let (db, node_b) = migrated(backend).await;
+    assert_eq!(db.database.highest_owner_epoch().await.expect("read"), 0, "no row yet");
+    let other = ConversationId::parse("grp:other").expect("valid conversation");
+    db.database.lease(&conversation(), 10, claim(A, 3)).await.expect("A leases at epoch 3");
+    node_b.lease(&other, 10, claim(B, 7)).await.expect("B leases another at epoch 7");
+    db.database.lease(&conversation(), 10, claim(A, 5)).await.expect("A leases on at epoch 5");
+    assert_eq!(db.database.highest_owner_epoch().await.expect("read"), 7);
     node_b.close().await;
     db.drop_database().await;
 }

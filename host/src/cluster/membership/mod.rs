@@ -64,7 +64,10 @@
 //! without touching the generation) and takes it again if the id is still free, raising
 //! the epoch above any the node saw. So every node re-asserts itself within one heartbeat,
 //! and epochs never go back while one node survives; views older than the ring in force
-//! are ignored meanwhile. A node that joined in between may hold the id: then the old
+//! are ignored meanwhile. Nor when none survives: a join counts from the highest owner
+//! epoch in the database at least ([`MembershipSettings::epoch_floor`]), so the first
+//! ring after a full restart on an emptied Redis is newer than any owner the
+//! `session_seq` rows name. A node that joined in between may hold the id: then the old
 //! holder's lease is lost.
 //!
 //! # What leases cannot cover
@@ -121,6 +124,10 @@ pub struct MembershipSettings {
     pub pinned: Option<NodeId>,
     /// Points per node on the ring; every node of a cluster must use the same count.
     pub virtual_nodes: u32,
+    /// The epoch a join counts from at least: the highest owner epoch the database holds
+    /// ([`Database::highest_owner_epoch`](crate::store::Database::highest_owner_epoch)), so
+    /// epochs never go back after Redis lost its data while no node ran. 0 by default.
+    pub epoch_floor: u64,
 }
 
 impl MembershipSettings {
@@ -134,6 +141,7 @@ impl MembershipSettings {
             poll: Duration::from_millis(250),
             pinned: None,
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
+            epoch_floor: 0,
         }
         .with_lease_ttl(Duration::from_secs(3))
     }
@@ -251,7 +259,7 @@ impl RedisMembership {
         let sent = Instant::now();
         let max_node = u32::from(MAX_NODE_ID);
         let (node, generation, listing) =
-            match registry.join(settings.pinned, max_node, &holder, settings.lease_ttl, settings.lease_ttl).await? {
+            match registry.join(settings.pinned, max_node, &holder, settings.epoch_floor, settings.lease_ttl).await? {
                 Joined::Took { node, generation, listing } => (node, generation, listing),
                 Joined::Clash { node, holder } => {
                     let holder =

@@ -20,7 +20,9 @@
 //!   live ones with the epoch, so the same epoch always names the same members.
 //!
 //! A step that changes membership after Redis lost its data first raises the epoch to the
-//! highest the node has seen, so epochs never count from zero again while a node survives.
+//! highest the node has seen, so epochs never count from zero again while a node survives;
+//! a join raises it to the highest owner epoch of the database, so neither do they after a
+//! full restart.
 
 use std::net::SocketAddr;
 use std::sync::LazyLock;
@@ -71,7 +73,8 @@ end
 ";
 
 /// ARGV[1] the pinned node or '', ARGV[2] the highest node id, ARGV[3] the holder value,
-/// ARGV[4] the TTL in ms, ARGV[5] a generation to name the data set by if it has none.
+/// ARGV[4] the TTL in ms, ARGV[5] a generation to name the data set by if it has none,
+/// ARGV[6] the epoch to count from at least.
 /// Returns {0, node, generation, listing} when taken, {1, node, holder, listing} when a live
 /// lease holds the pinned node, {2, 0, '', listing} when none is free.
 static JOIN: LazyLock<Script> = LazyLock::new(|| {
@@ -101,7 +104,7 @@ end
 redis.call('ZADD', leases, 'NX', now + tonumber(ARGV[4]), node)
 redis.call('HSET', holders, node, ARGV[3])
 local named = current_generation(ARGV[5])
-return {{0, tonumber(node), named, listing(bump(0))}}"
+return {{0, tonumber(node), named, listing(bump(tonumber(ARGV[6])))}}"
     ))
 });
 
@@ -231,23 +234,26 @@ impl Registry {
         invocation
     }
 
-    /// Takes `pinned`, or the lowest free id up to `max_node`, for `holder`.
+    /// Takes `pinned`, or the lowest free id up to `max_node`, for `holder`, with a lease of
+    /// `ttl` (also the longest it waits for Redis); the epoch it moves to is above
+    /// `epoch_floor`.
     pub(super) async fn join(
         &self,
         pinned: Option<NodeId>,
         max_node: u32,
         holder: &str,
+        epoch_floor: u64,
         ttl: Duration,
-        limit: Duration,
     ) -> Result<Joined, RedisFailure> {
         let mut join = self.prepare(&JOIN);
         join.arg(pinned.map(|node| node.to_string()).unwrap_or_default())
             .arg(max_node)
             .arg(holder)
             .arg(millis(ttl))
-            .arg(new_generation());
+            .arg(new_generation())
+            .arg(epoch_floor);
         let (status, node, text, listing): (u8, u32, String, RawListing) =
-            self.redis.invoke("membership join", limit, &join).await?;
+            self.redis.invoke("membership join", ttl, &join).await?;
         Ok(match status {
             0 => Joined::Took { node: NodeId(node), generation: text, listing: Listing::from_raw(listing) },
             1 => Joined::Clash { node: NodeId(node), holder: text },

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use herald_host::routing::ring::{DEFAULT_VIRTUAL_NODES, Ring};
-use herald_host::store::Backend;
+use herald_host::store::{Backend, Pool};
 use herald_proto::v1::{self, frame::Body, send_ack::Status};
 
 use super::client::Client;
@@ -313,6 +313,40 @@ async fn redis_data_lost_mid_traffic(
     }
     assert!(history.acked() > acked_before);
     every_reader_has_everything(&nodes, &writers, &history).await;
+    nodes.stop().await;
+}
+
+/// The whole cluster stops, Redis loses its data meanwhile, and the nodes start again. The
+/// earlier cluster had counted ring epochs to 500 and node 9 owned the conversation; Redis
+/// now counts from nothing, but the new owner must still take the conversation over (at an
+/// epoch above 500, from the database) and store above every seq handed out before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_restart_on_an_emptied_redis_serves_conversations_owned_at_a_higher_epoch() {
+    let mut nodes = Nodes::start(2, Backend::Postgres).await;
+    let conversation = dm("ada", "bea");
+    let before = Client::connect(&nodes.nodes[0], "ada", "laptop").await.send_ok(&conversation, "before").await;
+    for at in 0..2 {
+        nodes.kill9(at);
+    }
+    nodes.redis.forget_everything();
+    let database = nodes.database().await;
+    let Pool::Postgres(pool) = &database.writer else { unreachable!("a PostgreSQL cluster") };
+    let staged = sqlx::query("UPDATE session_seq SET owner_node = 9, owner_epoch = 500 WHERE conversation = $1")
+        .bind(&conversation)
+        .execute(pool)
+        .await
+        .expect("stage the earlier owner");
+    assert_eq!(staged.rows_affected(), 1, "the conversation has a session_seq row");
+    database.close().await;
+    for at in 0..2 {
+        nodes.restart(at).await;
+    }
+    nodes.wait_for_members(2).await;
+    let mut sender = Client::connect(&nodes.nodes[1], "ada", "laptop").await;
+    let after = sender.send_ok(&conversation, "after").await;
+    assert!(after.seq > before.seq, "stored above what was handed out before: {} then {}", before.seq, after.seq);
+    let epoch = nodes.cluster_of(0).await["epoch"].as_u64().expect("an epoch");
+    assert!(epoch > 500, "the ring counts on from the database's owner epochs: {epoch}");
     nodes.stop().await;
 }
 

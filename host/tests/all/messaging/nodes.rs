@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use herald_host::store::Backend;
+use herald_host::config::StorageConfig;
+use herald_host::store::{Backend, Database};
 use herald_proto::v1;
 use tokio_rustls::rustls::ClientConfig;
 
@@ -119,6 +120,12 @@ impl Nodes {
         self.nodes[at].signal("CONT");
     }
 
+    /// Starts node `at` again (a new process, the same data dir) and asks it again.
+    pub async fn restart(&mut self, at: usize) {
+        self.nodes[at].restart().await;
+        self.down.remove(&at);
+    }
+
     /// The nodes up (neither killed nor paused).
     pub fn up(&self) -> Vec<usize> {
         (0..self.nodes.len()).filter(|at| !self.down.contains(at)).collect()
@@ -160,6 +167,12 @@ impl Nodes {
             }
         }
         panic!("owner {owner} of {conversation} is none of the nodes")
+    }
+
+    /// The shared database, opened directly (to stage what an earlier cluster left in it).
+    pub async fn database(&self) -> Database {
+        let url = &self.database.as_ref().expect("the database lives as long as the nodes").url;
+        Database::connect(url, &StorageConfig::default()).await.expect("connect to the cluster's database")
     }
 
     /// The last log lines of every node.
