@@ -9,7 +9,8 @@
 # It measures the data dir's fdatasync first and ends with a summary: the tail's bound of
 # issue 16 (the larger of 10 ms and the relay's p99 + 2 x the fdatasync p99) against phases
 # 1 and 3's p99 (at most the bound) and p999 (at most 3 x), and Herald's resident size
-# before the burst and a minute after the last phase (target: within 20 %).
+# before the burst and a minute after the last phase (target: within 20 %), with the dedup
+# marks it holds at both times (live data, not memory kept).
 #
 #   scripts/loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
 #   HERALD_LOADTEST_PLUGINS=1 scripts/loadtest.sh     # the same with all four first-party plugins loaded
@@ -253,6 +254,12 @@ alloc_counts() {
         /^herald_pipeline_messages_stored_total/ { m += $2 }
         END { printf "%d %d %d\n", a, b, m }'
 }
+# The dedup marks Herald holds (each send's for delivery.dedup_ttl_ms, at most
+# delivery.dedup_max_marks; ~200 bytes each): live data a minute after a burst, not memory
+# that failed to go back (docs/ARCHITECTURE.md, "Memory per dedup mark").
+dedup_marks() {
+    curl -sf "http://127.0.0.1:$port/metrics" | awk '/^herald_map_entries[{].*map="dedup_marks"/ { m = $2 } END { printf "%d\n", m }'
+}
 # alloc_per_message NAME BEFORE AFTER: prints what was allocated per message stored between
 # two alloc_counts (connections, acks and deliveries included: everything Herald did).
 alloc_per_message() {
@@ -268,6 +275,7 @@ report_flags 1-steady-5000
 target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --rate 5000 --duration 10s --compare-relay --quiet "${report[@]}" "$@" | tee "$results/1"
 allocs_2=$(alloc_counts)
 rss_before=$(rss_kib "$server")
+marks_before=$(dedup_marks)
 say "2) 1,000 users, as fast as possible, Herald vs a trivial relay"
 report_flags 2-max
 target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --duration 10s --compare-relay --quiet "${report[@]}" "$@" | tee "$results/2"
@@ -281,6 +289,7 @@ allocs_4=$(alloc_counts)
 say "waiting a minute for the burst's memory to be handed back"
 sleep 60
 rss_later=$(rss_kib "$server")
+marks_later=$(dedup_marks)
 # The last line herald-loadgen prints is JSON: with --compare-relay {"herald": …, "relay": …}.
 relay_p99_us=$(tail -n 1 "$results/1" | jq '.relay.latency.p99_us')
 bound_us=$(( relay_p99_us + 2 * fsync_p99_us ))
@@ -296,4 +305,4 @@ tail -n 1 "$results/2" | jq -r '"as fast as possible: Herald \(.herald.sent_per_
 alloc_per_message "steady 5,000 msgs/s" "$allocs_1" "$allocs_2"
 alloc_per_message "as fast as possible" "$allocs_2" "$allocs_3"
 alloc_per_message "5,000 msgs/s right after the burst" "$allocs_3" "$allocs_4"
-say "Herald resident: $((rss_before / 1024)) MiB before the burst, $((rss_burst / 1024)) MiB after it, $((rss_later / 1024)) MiB a minute after the last phase ($(( (rss_later - rss_before) * 100 / rss_before ))% above before; target: at most 20%)"
+say "Herald resident: $((rss_before / 1024)) MiB before the burst, $((rss_burst / 1024)) MiB after it, $((rss_later / 1024)) MiB a minute after the last phase ($(( (rss_later - rss_before) * 100 / rss_before ))% above before; target: at most 20%); dedup marks held: $marks_before before, $marks_later a minute after"
