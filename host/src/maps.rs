@@ -1,8 +1,9 @@
 //! The node's in-memory maps: the hasher they share, and their upkeep.
 //!
 //! **Hasher.** The maps a message passes through (connections, sessions, routes, rooms,
-//! retries, acked positions) hash with foldhash rather than the standard SipHash, which
-//! is several times slower on the short keys used here. Their keys are user and conversation
+//! retries, acked positions) hash with foldhash rather than the standard SipHash: at a
+//! steady 10k msgs/s hashing fell from 1.1 % to 0.6 % of the node's time (`perf`), what
+//! is left being mostly the dedup fingerprints' SipHash. Their keys are user and conversation
 //! names a client chooses, so the hasher stays keyed: foldhash's `RandomState` draws its seed
 //! at random per process and per map, and a client cannot aim collisions at a seed it never
 //! sees. Where a hash must resist more than that (the dedup fingerprints that stand for a

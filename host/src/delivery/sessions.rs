@@ -4,10 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::maps::DashMap;
-
 use super::session::Session;
-use crate::maps::shrink_if_sparse;
+use crate::maps::{DashMap, shrink_if_sparse};
 use crate::model::{ConnectionId, DeviceId, UserId};
 
 /// The sessions of this node's connections, by id and by user, and the dropped ones parked

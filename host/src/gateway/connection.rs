@@ -11,13 +11,13 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::maps::DashMap;
 use async_trait::async_trait;
 use herald_proto::SharedFrame;
 use herald_proto::v1::{self, Frame};
 use tokio::sync::Notify;
 
 use crate::delivery::session::Outbox;
+use crate::maps::DashMap;
 use crate::model::ConnectionId;
 
 /// Close codes of PROTOCOL.md.

@@ -36,10 +36,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::maps::DashMap;
 use tokio::time::Instant;
 
 use crate::config::{MAX_PREFETCH, SeqConfig};
+use crate::maps::DashMap;
 use crate::model::ConversationId;
 use crate::store::{Fence, Lease, LeaseError, OwnerClaim, SeqLeases, SeqRange};
 

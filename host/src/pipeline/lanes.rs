@@ -9,11 +9,10 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use crate::maps::DashMap;
-
 use async_trait::async_trait;
 
 use crate::delivery::pull::SeqFrontier;
+use crate::maps::DashMap;
 use crate::model::{ConversationId, Message, UserId};
 use crate::routing::bus::NodeBus;
 use crate::routing::router::{Router, SendOwner};

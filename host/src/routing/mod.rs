@@ -13,9 +13,9 @@ pub mod rooms;
 pub mod router;
 pub mod topology;
 
-use crate::maps::{DashMap, HashMap};
 use async_trait::async_trait;
 
+use crate::maps::{DashMap, HashMap};
 use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
 
 /// Where one device of a user is connected.

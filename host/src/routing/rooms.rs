@@ -6,10 +6,10 @@
 //! owning a room publishes each message to the nodes the directory names; each pushes it to
 //! its own subscribers.
 
-use crate::maps::{DashMap, HashSet};
 use async_trait::async_trait;
 
 use super::RouteError;
+use crate::maps::{DashMap, HashSet};
 use crate::model::{ConnectionId, ConversationId, NodeId};
 
 /// Which nodes have subscribers of which rooms. Embedded: this process. Cluster: shared by
