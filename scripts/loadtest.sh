@@ -15,7 +15,8 @@
 #   scripts/loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
 #   HERALD_LOADTEST_PLUGINS=1 scripts/loadtest.sh     # the same with all four first-party plugins loaded
 #   REPORT=DIR scripts/loadtest.sh                    # also charts and a page per phase: DIR/<phase>/index.html
-#   ALLOCS=1 scripts/loadtest.sh                      # also Herald's allocations per message stored, per phase
+#   ALLOCS=1 scripts/loadtest.sh                      # also Herald's allocations per message stored, per phase,
+#                                                     # and its live heap before the burst and a minute after
 #                                                     # (herald serve --count-allocations: a few ns each)
 #
 # Room fan-out (issue 16), the same fresh Herald, each run compared with herald-relay's
@@ -254,6 +255,12 @@ alloc_counts() {
         /^herald_pipeline_messages_stored_total/ { m += $2 }
         END { printf "%d %d %d\n", a, b, m }'
 }
+# With ALLOCS=1: the live heap of Herald's Rust code in MiB (herald_heap_live_bytes), to
+# set beside the resident size: what is still held, against what was freed but not handed back.
+live_heap() {
+    [ "${ALLOCS:-0}" = 1 ] || return 0
+    curl -sf "http://127.0.0.1:$port/metrics" | awk '/^herald_heap_live_bytes / { printf "%.1f", $2 / 1048576 }'
+}
 # The dedup marks Herald holds (each send's for delivery.dedup_ttl_ms, at most
 # delivery.dedup_max_marks; ~200 bytes each): live data a minute after a burst, not memory
 # that failed to go back (docs/ARCHITECTURE.md, "Memory per dedup mark").
@@ -276,6 +283,7 @@ target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --
 allocs_2=$(alloc_counts)
 rss_before=$(rss_kib "$server")
 marks_before=$(dedup_marks)
+live_before=$(live_heap)
 say "2) 1,000 users, as fast as possible, Herald vs a trivial relay"
 report_flags 2-max
 target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users 1000 --duration 10s --compare-relay --quiet "${report[@]}" "$@" | tee "$results/2"
@@ -290,6 +298,7 @@ say "waiting a minute for the burst's memory to be handed back"
 sleep 60
 rss_later=$(rss_kib "$server")
 marks_later=$(dedup_marks)
+live_later=$(live_heap)
 # The last line herald-loadgen prints is JSON: with --compare-relay {"herald": …, "relay": …}.
 relay_p99_us=$(tail -n 1 "$results/1" | jq '.relay.latency.p99_us')
 bound_us=$(( relay_p99_us + 2 * fsync_p99_us ))
@@ -306,3 +315,4 @@ alloc_per_message "steady 5,000 msgs/s" "$allocs_1" "$allocs_2"
 alloc_per_message "as fast as possible" "$allocs_2" "$allocs_3"
 alloc_per_message "5,000 msgs/s right after the burst" "$allocs_3" "$allocs_4"
 say "Herald resident: $((rss_before / 1024)) MiB before the burst, $((rss_burst / 1024)) MiB after it, $((rss_later / 1024)) MiB a minute after the last phase ($(( (rss_later - rss_before) * 100 / rss_before ))% above before; target: at most 20%); dedup marks held: $marks_before before, $marks_later a minute after"
+[ "${ALLOCS:-0}" != 1 ] || say "Herald's live heap (Rust code, herald_heap_live_bytes): $live_before MiB before the burst, $live_later MiB a minute after"

@@ -106,9 +106,9 @@ struct CommonArgs {
 struct ServeArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Count every allocation and the bytes asked for, exported at /metrics as
-    /// herald_allocations_total and herald_allocated_bytes_total (for benchmarks: it costs
-    /// a few nanoseconds per allocation).
+    /// Count every allocation, the bytes asked for and the bytes freed, exported at
+    /// /metrics as herald_allocations_total, herald_allocated_bytes_total and
+    /// herald_heap_live_bytes (for benchmarks: it costs a few nanoseconds per allocation).
     #[arg(long)]
     count_allocations: bool,
 }

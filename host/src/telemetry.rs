@@ -74,6 +74,8 @@ pub fn render() -> String {
         // Counted by the allocator itself (`herald serve --count-allocations`).
         metrics::counter!("herald_allocations_total").absolute(allocations.count);
         metrics::counter!("herald_allocated_bytes_total").absolute(allocations.bytes);
+        // Rust's heap in use, for telling live data from memory the allocator keeps.
+        metrics::gauge!("herald_heap_live_bytes").set(allocations.live_bytes() as f64);
     }
     RECORDER.get().and_then(Option::as_ref).map(PrometheusHandle::render).unwrap_or_default()
 }

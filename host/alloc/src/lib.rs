@@ -47,10 +47,12 @@ static COUNTING: AtomicBool = AtomicBool::new(false);
 struct Shard {
     allocations: AtomicU64,
     bytes: AtomicU64,
+    freed: AtomicU64,
 }
 
 const SHARDS: usize = 32;
-static COUNTS: [Shard; SHARDS] = [const { Shard { allocations: AtomicU64::new(0), bytes: AtomicU64::new(0) } }; SHARDS];
+static COUNTS: [Shard; SHARDS] =
+    [const { Shard { allocations: AtomicU64::new(0), bytes: AtomicU64::new(0), freed: AtomicU64::new(0) } }; SHARDS];
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
@@ -60,11 +62,22 @@ thread_local! {
 }
 
 /// What was allocated since counting started: how many allocations (a `realloc` counts as
-/// one) and how many bytes they asked for.
+/// one), how many bytes they asked for, and how many bytes were freed (a `realloc` frees
+/// the block it replaces).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Allocations {
     pub count: u64,
     pub bytes: u64,
+    pub freed_bytes: u64,
+}
+
+impl Allocations {
+    /// Bytes allocated and not freed since counting started: the live heap of Rust code,
+    /// short by what was allocated before counting started and is still held (a block
+    /// allocated before and freed after is counted freed, so this never overstates it).
+    pub fn live_bytes(&self) -> u64 {
+        self.bytes.saturating_sub(self.freed_bytes)
+    }
 }
 
 /// Starts counting the allocations made through [`Counting`] (idempotent).
@@ -75,17 +88,34 @@ pub fn start_counting() {
 /// The allocations counted so far; `None` when counting was never started.
 pub fn allocations() -> Option<Allocations> {
     COUNTING.load(Ordering::Relaxed).then(|| {
-        COUNTS.iter().fold(Allocations { count: 0, bytes: 0 }, |sum, shard| Allocations {
+        COUNTS.iter().fold(Allocations { count: 0, bytes: 0, freed_bytes: 0 }, |sum, shard| Allocations {
             count: sum.count + shard.allocations.load(Ordering::Relaxed),
             bytes: sum.bytes + shard.bytes.load(Ordering::Relaxed),
+            freed_bytes: sum.freed_bytes + shard.freed.load(Ordering::Relaxed),
         })
     })
 }
 
 #[inline]
 fn count(size: usize) {
+    if let Some(shard) = counting_shard() {
+        COUNTS[shard].allocations.fetch_add(1, Ordering::Relaxed);
+        COUNTS[shard].bytes.fetch_add(size as u64, Ordering::Relaxed);
+    }
+}
+
+#[inline]
+fn count_freed(size: usize) {
+    if let Some(shard) = counting_shard() {
+        COUNTS[shard].freed.fetch_add(size as u64, Ordering::Relaxed);
+    }
+}
+
+/// The calling thread's shard of the counters, or `None` while nothing is counted.
+#[inline]
+fn counting_shard() -> Option<usize> {
     if !COUNTING.load(Ordering::Relaxed) {
-        return;
+        return None;
     }
     let shard = SHARD
         .try_with(|shard| {
@@ -95,8 +125,7 @@ fn count(size: usize) {
             shard.get() - 1
         })
         .unwrap_or(0); // a thread being torn down
-    COUNTS[shard].allocations.fetch_add(1, Ordering::Relaxed);
-    COUNTS[shard].bytes.fetch_add(size as u64, Ordering::Relaxed);
+    Some(shard)
 }
 
 // SAFETY: every method forwards its arguments unchanged to mimalloc's `GlobalAlloc`, which
@@ -120,6 +149,7 @@ unsafe impl GlobalAlloc for Counting {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count_freed(layout.size());
         // SAFETY: `ptr` was allocated by this allocator, that is by mimalloc, with `layout`.
         unsafe { MiMalloc.dealloc(ptr, layout) }
     }
@@ -127,6 +157,7 @@ unsafe impl GlobalAlloc for Counting {
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count(new_size);
+        count_freed(layout.size());
         // SAFETY: `ptr` came from mimalloc with `layout`; the caller vouches for `new_size`.
         unsafe { MiMalloc.realloc(ptr, layout, new_size) }
     }

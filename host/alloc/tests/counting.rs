@@ -1,5 +1,5 @@
 //! `Counting` as a program's global allocator: nothing counted until asked, then every
-//! allocation of every thread.
+//! allocation and free of every thread.
 
 use std::hint::black_box;
 
@@ -33,4 +33,17 @@ fn allocations_of_every_thread_are_counted_once_counting_started() {
     assert!(end.count - start.count >= 4001, "{start:?} → {end:?}");
     assert!(end.bytes - start.bytes >= 4 * 1000 * 100 + 10_010, "{start:?} → {end:?}");
     assert!(end.count - start.count < 4001 + 1000, "each allocation counted once: {start:?} → {end:?}");
+    assert!(
+        end.freed_bytes - start.freed_bytes >= 4 * 1000 * 100 + 10,
+        "frees and a realloc's old block: {start:?} → {end:?}"
+    );
+
+    // The live heap: a block held counts, and stops counting once freed.
+    const HELD: usize = 8 << 20;
+    let held = black_box(vec![1_u8; HELD]);
+    let holding = herald_alloc::allocations().expect("counting");
+    drop(held);
+    let released = herald_alloc::allocations().expect("counting");
+    assert!(holding.live_bytes() >= end.live_bytes() + HELD as u64 - (1 << 20), "{end:?} → {holding:?}");
+    assert!(released.live_bytes() + HELD as u64 - (1 << 20) <= holding.live_bytes(), "{holding:?} → {released:?}");
 }
