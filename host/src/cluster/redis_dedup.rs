@@ -105,7 +105,7 @@ impl RedisDedup {
 
 #[async_trait]
 impl DedupMarks for RedisDedup {
-    async fn try_mark(&self, sender: &UserId, client_msg_id: &ClientMsgId) -> Mark {
+    async fn try_mark(&self, sender: &UserId, client_msg_id: &ClientMsgId, _conversation: &ConversationId) -> Mark {
         let key = self.keys.dedup(sender, client_msg_id);
         let mut take = TRY_MARK.prepare_invoke();
         take.key(&key).arg(millis(self.lifetimes.pending_ttl));

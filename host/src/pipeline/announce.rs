@@ -72,7 +72,7 @@ impl Pipeline {
             SendOwner::Here { node, epoch } => OwnerClaim { node, epoch },
             SendOwner::Elsewhere(owner) => return self.announce_at(owner, message).await,
         };
-        match self.dedup.try_mark(sender, &message.client_msg_id).await {
+        match self.dedup.try_mark(sender, &message.client_msg_id, room).await {
             Mark::Fresh => {}
             Mark::Stored(original) => return Ok(Announced::stored(&original, true)),
             Mark::InFlight(original) => return original.await.map(|original| Announced::stored(&original, true)),
@@ -150,7 +150,7 @@ impl Pipeline {
         announcement_id: &str,
     ) -> Result<Option<Announced>, StoreError> {
         let client_msg_id = announcement_client_id(room, Some(announcement_id));
-        match self.dedup.try_mark(sender, &client_msg_id).await {
+        match self.dedup.try_mark(sender, &client_msg_id, room).await {
             Mark::Stored(original) => return Ok(Some(Announced::stored(&original, true))),
             Mark::InFlight(original) => {
                 return Ok(original.await.ok().map(|original| Announced::stored(&original, true)));

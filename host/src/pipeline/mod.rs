@@ -289,7 +289,7 @@ impl Pipeline {
         };
         let sender = request.origin.user.clone();
         let marking = Stage::start(StageName::Mark);
-        let mark = self.dedup.try_mark(&sender, &client_msg_id).await;
+        let mark = self.dedup.try_mark(&sender, &client_msg_id, &conversation).await;
         marking.done();
         match mark {
             Mark::Fresh => {}

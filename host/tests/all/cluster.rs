@@ -67,8 +67,12 @@ fn client_msg_id(n: u32) -> ClientMsgId {
     ClientMsgId::parse(&format!("00000000-0000-4000-8000-{n:012x}")).expect("valid uuid")
 }
 
+fn dm() -> ConversationId {
+    ConversationId::parse("dm:ann:bob").expect("valid")
+}
+
 fn outcome(seq: u64) -> Outcome {
-    Outcome { message_id: 7_000_000_000 + seq, seq, conversation: ConversationId::parse("dm:ann:bob").expect("valid") }
+    Outcome { message_id: 7_000_000_000 + seq, seq, conversation: dm() }
 }
 
 /// (node, connection) of each device of `user` in `found`, sorted.
@@ -210,16 +214,16 @@ async fn a_dedup_mark_is_fresh_once_then_in_flight_then_stored() {
         MarkLifetimes::with_ttl(Duration::from_secs(60)),
     );
     let (ann, id) = (user("ann"), client_msg_id(1));
-    assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh));
-    let Mark::InFlight(waiting) = other.try_mark(&ann, &id).await else { panic!("in flight") };
+    assert!(matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Fresh));
+    let Mark::InFlight(waiting) = other.try_mark(&ann, &id, &dm()).await else { panic!("in flight") };
     let waiting = tokio::spawn(waiting);
     dedup.complete(&ann, &id, outcome(3)).await;
     let answered = tokio::time::timeout(WAIT, waiting).await.expect("the waiter answers").expect("joined");
     assert_eq!(answered, Ok(outcome(3)), "a duplicate in flight gets the original's ids");
-    assert!(matches!(other.try_mark(&ann, &id).await, Mark::Stored(o) if o == outcome(3)));
+    assert!(matches!(other.try_mark(&ann, &id, &dm()).await, Mark::Stored(o) if o == outcome(3)));
     dedup.cancel(&ann, &id).await;
-    assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Stored(_)), "cancel never removes a stored mark");
-    assert!(matches!(dedup.try_mark(&user("bob"), &id).await, Mark::Fresh), "marks are per sender");
+    assert!(matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Stored(_)), "cancel never removes a stored mark");
+    assert!(matches!(dedup.try_mark(&user("bob"), &id, &dm()).await, Mark::Fresh), "marks are per sender");
 }
 
 #[tokio::test]
@@ -227,13 +231,13 @@ async fn a_cancelled_mark_fails_its_waiters_and_lets_the_retry_through() {
     let scratch = Scratch::new().await;
     let dedup = scratch.dedup(MarkLifetimes::with_ttl(Duration::from_secs(60)));
     let (ann, id) = (user("ann"), client_msg_id(2));
-    assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh));
-    let Mark::InFlight(waiting) = dedup.try_mark(&ann, &id).await else { panic!("in flight") };
+    assert!(matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Fresh));
+    let Mark::InFlight(waiting) = dedup.try_mark(&ann, &id, &dm()).await else { panic!("in flight") };
     let waiting = tokio::spawn(waiting);
     dedup.cancel(&ann, &id).await;
     let answered = tokio::time::timeout(WAIT, waiting).await.expect("the waiter answers").expect("joined");
     assert_eq!(answered, Err(SendError::OriginalFailed));
-    assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh), "a cancelled mark lets the retry through");
+    assert!(matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Fresh), "a cancelled mark lets the retry through");
 }
 
 #[tokio::test]
@@ -246,13 +250,13 @@ async fn dedup_marks_expire_after_their_ttl() {
     for (n, complete) in [(3, false), (4, true)] {
         let id = client_msg_id(n);
         let taken = Instant::now();
-        assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh));
+        assert!(matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Fresh));
         if complete {
             dedup.complete(&ann, &id, outcome(5)).await;
-            assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Stored(_)));
+            assert!(matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Stored(_)));
         }
         loop {
-            if matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh) {
+            if matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Fresh) {
                 break;
             }
             assert!(taken.elapsed() < WAIT, "the mark never expired");
@@ -272,8 +276,8 @@ async fn a_duplicate_stops_waiting_for_an_original_that_never_ends() {
     };
     let dedup = scratch.dedup(lifetimes);
     let (ann, id) = (user("ann"), client_msg_id(6));
-    assert!(matches!(dedup.try_mark(&ann, &id).await, Mark::Fresh));
-    let Mark::InFlight(waiting) = dedup.try_mark(&ann, &id).await else { panic!("in flight") };
+    assert!(matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Fresh));
+    let Mark::InFlight(waiting) = dedup.try_mark(&ann, &id, &dm()).await else { panic!("in flight") };
     let started = Instant::now();
     assert_eq!(waiting.await, Err(SendError::OriginalAbandoned));
     assert!(started.elapsed() < Duration::from_secs(1), "waited {:?}", started.elapsed());
@@ -310,7 +314,7 @@ async fn keys_follow_the_documented_layout() {
     let rooms = RedisRoomDirectory::new(scratch.redis.clone(), scratch.keys.clone(), PATIENT);
     rooms.joined(&ConversationId::parse("room:lobby").expect("valid"), NodeId(4)).await.expect("joined");
     let dedup = scratch.dedup(MarkLifetimes::with_ttl(Duration::from_secs(600)));
-    assert!(matches!(dedup.try_mark(&user("ann"), &client_msg_id(7)).await, Mark::Fresh));
+    assert!(matches!(dedup.try_mark(&user("ann"), &client_msg_id(7), &dm()).await, Mark::Fresh));
     let mark = "dedup:{u:ann}:00000000-0000-4000-8000-000000000007";
     let expected: BTreeSet<String> =
         ["route:{u:ann}", "route:gw:{n:4}", "room:{r:lobby}:nodes", mark].map(str::to_owned).into();
@@ -345,7 +349,7 @@ async fn a_stalled_redis_fails_each_call_within_its_deadline() {
     let RouteError(nodes) = rooms.nodes(&lobby).await.expect_err("a stalled room lookup fails");
     assert!(nodes.contains("room nodes lookup"), "{nodes}");
     assert!(
-        matches!(dedup.try_mark(&ann, &client_msg_id(8)).await, Mark::Fresh),
+        matches!(dedup.try_mark(&ann, &client_msg_id(8), &dm()).await, Mark::Fresh),
         "a mark that cannot be taken lets the send through to the unique index"
     );
     dedup.complete(&ann, &client_msg_id(8), outcome(1)).await;
@@ -384,7 +388,7 @@ async fn a_redis_that_keeps_failing_opens_the_breaker_then_calls_fail_at_once_un
     let RouteError(refused) = table.devices_of(std::slice::from_ref(&ann)).await.expect_err("not even tried");
     assert_eq!(refused, "Redis was not asked for route lookup: its circuit breaker is open after repeated failures");
     assert!(
-        matches!(dedup.try_mark(&ann, &client_msg_id(9)).await, Mark::Fresh),
+        matches!(dedup.try_mark(&ann, &client_msg_id(9), &dm()).await, Mark::Fresh),
         "with the breaker open a send still goes through, to the unique index"
     );
     assert!(breaker.status().refused >= 2, "{:?}", breaker.status());

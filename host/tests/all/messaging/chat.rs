@@ -168,6 +168,38 @@ async fn same_client_msg_id_100_times_is_stored_once_with_the_same_ids() {
     assert_eq!(ids, vec![first.message_id, bobs.message_id], "history: {history:?}");
 }
 
+/// A `client_msg_id` reused in another conversation is a duplicate of the first send, and
+/// its `send_ack` names the conversation the original was stored in (PROTOCOL.md): the dedup
+/// mark keeps only a hash of that conversation, so the answer comes from the unique index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_msg_id_reused_in_another_conversation_answers_with_the_original() {
+    let herald = Herald::start().await;
+    let mut alice = Client::connect(&herald, "alice", "laptop").await;
+    let (with_bob, with_carol) = (dm("alice", "bob"), dm("alice", "carol"));
+    let client_msg_id = uuid();
+    alice.send_with(&client_msg_id, &with_bob, 1, b"to bob").await;
+    let first = alice.ack_of(&client_msg_id).await;
+    assert_eq!(first.status(), Status::Ok, "{first:?}");
+
+    alice.send_with(&client_msg_id, &with_carol, 1, b"to carol").await;
+    let reused = alice.ack_of(&client_msg_id).await;
+    assert_eq!(reused.status(), Status::Duplicate, "{reused:?}");
+    assert_eq!((reused.message_id, reused.seq), (first.message_id, first.seq), "the original's ids");
+    assert_eq!(reused.conversation, with_bob, "the conversation the original was stored in");
+
+    // The original's own retry is still answered with its ids and conversation.
+    alice.send_with(&client_msg_id, &with_bob, 1, b"to bob").await;
+    let retried = alice.ack_of(&client_msg_id).await;
+    assert_eq!(retried.status(), Status::Duplicate, "{retried:?}");
+    assert_eq!(
+        (retried.message_id, retried.seq, retried.conversation),
+        (first.message_id, first.seq, with_bob.clone())
+    );
+
+    assert!(alice.whole_history(&with_carol).await.is_empty(), "nothing was stored for carol");
+    assert_eq!(alice.whole_history(&with_bob).await.len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_pipelined_sends_get_strictly_increasing_seqs_in_send_order() {
     let herald = Herald::start().await;
