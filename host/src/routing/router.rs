@@ -64,7 +64,9 @@ impl Router {
     async fn key(&self, command: CommandKind, user: &UserId, conversation: Option<&ConversationId>) -> String {
         let request =
             RouteRequest { command, user: user.to_string(), conversation: conversation.map(ToString::to_string) };
-        self.plugins.route_key(&request).await
+        // Boxed: a hook call is a deep future (1.6 KB), and inline it would size every
+        // send's future for it, plugin or not (`pipeline::Pipeline::apply_policy` says more).
+        Box::pin(self.plugins.route_key(&request)).await
     }
 
     /// Who owns a send of `user` to `conversation` (the hook is asked only when a plugin
