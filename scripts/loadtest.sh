@@ -262,7 +262,7 @@ live_heap() {
     curl -sf "http://127.0.0.1:$port/metrics" | awk '/^herald_heap_live_bytes / { printf "%.1f", $2 / 1048576 }'
 }
 # The dedup marks Herald holds (each send's for delivery.dedup_ttl_ms, at most
-# delivery.dedup_max_marks; ~200 bytes each): live data a minute after a burst, not memory
+# delivery.dedup_max_marks; ~100 bytes each): live data a minute after a burst, not memory
 # that failed to go back (docs/ARCHITECTURE.md, "Memory per dedup mark").
 dedup_marks() {
     curl -sf "http://127.0.0.1:$port/metrics" | awk '/^herald_map_entries[{].*map="dedup_marks"/ { m = $2 } END { printf "%d\n", m }'

@@ -109,7 +109,7 @@ pub struct DeliveryConfig {
     pub dedup_ttl_ms: u64,
     /// Most dedup marks held in embedded mode; past it the oldest go first (a duplicate of
     /// an evicted one is still caught by the unique index, which answers with the
-    /// original's ids). About 200 bytes each.
+    /// original's ids). About 100 bytes each (docs/ARCHITECTURE.md, "Memory per dedup mark").
     pub dedup_max_marks: u64,
     /// How often the node samples its health and asks the degrade hook for a tier, in ms.
     pub degrade_interval_ms: u64,
