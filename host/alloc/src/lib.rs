@@ -24,9 +24,10 @@
 //! MiB a minute after the devices left even with the collection, and started at 37 MiB
 //! instead of 22.
 //!
-//! [`Counting`] is mimalloc that can also count what is allocated through it, from the
-//! moment [`start_counting`] is called (`herald serve --count-allocations`): the load test
-//! reads the counts from `/metrics` to report allocations per message. Until then a call
+//! [`Counting`] is mimalloc that can also count what is allocated and freed through it,
+//! from the moment [`start_counting`] is called (`herald serve --count-allocations`): the
+//! load test reads the counts from `/metrics` to report allocations per message, and the
+//! live heap ([`Allocations::live_bytes`]) beside the resident size. Until then a call
 //! costs one relaxed load of a flag that never changes.
 
 use std::alloc::{GlobalAlloc, Layout};
