@@ -173,8 +173,7 @@ impl Shard {
     }
 
     fn position(&self, number: u64) -> usize {
-        // A number in the index is of a slot still queued: at most `slots.len()` past `first`.
-        usize::try_from(number - self.first).unwrap_or(usize::MAX)
+        position(self.first, number)
     }
 
     /// The number of the slot holding `fingerprint`'s live mark.
@@ -196,9 +195,7 @@ impl Shard {
         let number = self.first + self.slots.len() as u64;
         self.slots.push_back(Slot { fingerprint, expires_ms, state: State::Pending(None) });
         let Self { slots, first, index } = self;
-        index.insert_unique(fingerprint.low, number, |&held| {
-            slots[usize::try_from(held - *first).unwrap_or(usize::MAX)].fingerprint.low
-        });
+        index.insert_unique(fingerprint.low, number, slot_hash(slots, *first));
     }
 
     /// Forgets the marks expired by `now_ms`, and the oldest while `capacity` slots or more
@@ -227,11 +224,21 @@ impl Shard {
         }
         if maps::is_sparse(self.index.len(), self.index.capacity(), KEEP) {
             let Self { slots, first, index } = self;
-            index.shrink_to(index.len() * 2, |&held| {
-                slots[usize::try_from(held - *first).unwrap_or(usize::MAX)].fingerprint.low
-            });
+            index.shrink_to(index.len() * 2, slot_hash(slots, *first));
         }
     }
+}
+
+/// Where slot `number` sits in a queue whose front is slot `first`. A number in the index
+/// is of a slot still queued: at least `first`, below `first + slots.len()`.
+fn position(first: u64, number: u64) -> usize {
+    usize::try_from(number - first).unwrap_or(usize::MAX)
+}
+
+/// The index's hasher, for when it grows or shrinks: a slot number hashes as its slot's
+/// fingerprint.
+fn slot_hash(slots: &VecDeque<Slot>, first: u64) -> impl Fn(&u64) -> u64 + '_ {
+    move |&number| slots[position(first, number)].fingerprint.low
 }
 
 #[async_trait]
