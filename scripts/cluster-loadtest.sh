@@ -147,7 +147,9 @@ for nodes in 1 3; do
         say "$nodes node(s): 1,000 users at a steady $rate msgs/s"
         cpu_share > "$work/cpu" &
         report_flags "n$nodes-steady-$rate"
-        target/release/herald-loadgen --url "$urls" "${share[@]}" --users 1000 --rate "$rate" --warmup "${WARMUP}s" --duration 10s --quiet "${report[@]}" "$@"
+        # --verify: every message acked OK must reach its recipient's connected device, with
+        # no sync (a line "ids: … exact", or the count missing).
+        target/release/herald-loadgen --url "$urls" "${share[@]}" --users 1000 --rate "$rate" --warmup "${WARMUP}s" --duration 10s --verify --quiet "${report[@]}" "$@"
         wait $!
         cat "$work/cpu"
         stage_times

@@ -36,7 +36,7 @@ use crate::node::{Seams, Settings, Storage};
 use crate::pipeline::dedup::LocalDedup;
 use crate::pipeline::{Admission, Pipeline};
 use crate::plugins::{PluginHost, PluginHostConfig};
-use crate::routing::bus::{BusError, LocalBus, NodeBus, Origin, SendAck, SendRequest};
+use crate::routing::bus::{Addressed, BusError, LocalBus, NodeBus, Origin, SendAck, SendRequest};
 use crate::routing::rooms::{MemoryRoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::{RingView, StaticTopology, Topology};
@@ -402,7 +402,7 @@ impl Outbox for RecordingOutbox {
 #[derive(Debug, Clone)]
 pub enum BusCall {
     ForwardSend { owner: NodeId, request: SendRequest },
-    Deliver { node: NodeId, message: Arc<Message>, users: Vec<UserId> },
+    Deliver { node: NodeId, message: Arc<Message>, users: Vec<UserId>, addressed: Addressed },
     PublishRoom { nodes: Vec<NodeId>, message: Arc<Message> },
 }
 
@@ -411,9 +411,16 @@ pub enum BusCall {
 #[derive(Default)]
 pub struct RecordingBus {
     calls: Mutex<Vec<BusCall>>,
+    /// What [`NodeBus::peers`] answers.
+    peers: Vec<NodeId>,
 }
 
 impl RecordingBus {
+    /// A bus whose cluster has `peers` besides this node.
+    pub fn with_peers(peers: &[NodeId]) -> Self {
+        Self { peers: peers.to_vec(), ..Self::default() }
+    }
+
     /// Every call, in order.
     pub fn calls(&self) -> Vec<BusCall> {
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -448,8 +455,14 @@ impl NodeBus for RecordingBus {
         Ok(answer)
     }
 
-    async fn deliver(&self, node: NodeId, message: Arc<Message>, users: Vec<UserId>) -> Result<(), BusError> {
-        self.record(BusCall::Deliver { node, message, users });
+    async fn deliver(
+        &self,
+        node: NodeId,
+        message: Arc<Message>,
+        users: Vec<UserId>,
+        addressed: Addressed,
+    ) -> Result<(), BusError> {
+        self.record(BusCall::Deliver { node, message, users, addressed });
         Ok(())
     }
 
@@ -467,6 +480,10 @@ impl NodeBus for RecordingBus {
     }
 
     async fn group_changed(&self, _group: &crate::model::GroupId) {}
+
+    fn peers(&self) -> Vec<NodeId> {
+        self.peers.clone()
+    }
 }
 
 /// Message reads, passed through to the database, with each `messages_after` noted.

@@ -32,7 +32,7 @@ use crate::health::Vitals;
 use crate::maps::{HashMap, HashSet};
 use crate::membership::Membership;
 use crate::model::{ConversationId, ConversationKind, Message, NodeId, UserId};
-use crate::routing::bus::NodeBus;
+use crate::routing::bus::{Addressed, NodeBus};
 use crate::routing::rooms::{RoomDirectory, Rooms};
 use crate::routing::{Route, RouteTable};
 use crate::store::{ConversationStore, CursorStore, GroupStore, MessageStore};
@@ -206,18 +206,29 @@ impl Delivery {
         }
         // Every device of every member in one lookup; parked sessions are found even when
         // the route table cannot be read.
-        let routes = self.reach.routes.devices_of(&members).await.unwrap_or_else(|error| {
-            static ROUTES_DOWN: Throttle = Throttle::new();
-            if let Some(suppressed) = ROUTES_DOWN.allow() {
-                tracing::warn!(%error, suppressed, "route table unavailable for fan-out");
+        let (routes, elsewhere, addressed) = match self.reach.routes.devices_of(&members).await {
+            Ok(routes) => {
+                // Each user once per node, however many of their devices it holds.
+                let mut elsewhere: HashMap<NodeId, BTreeSet<UserId>> = HashMap::default();
+                for route in routes.values().flatten().filter(|route| route.node != self.reach.this_node) {
+                    elsewhere.entry(route.node).or_default().insert(route.user.clone());
+                }
+                (routes, elsewhere, Addressed::ByRoute)
             }
-            HashMap::default()
-        });
-        // Each user once per node, however many of their devices it holds.
-        let mut elsewhere: HashMap<NodeId, BTreeSet<UserId>> = HashMap::default();
-        for route in routes.values().flatten().filter(|route| route.node != self.reach.this_node) {
-            elsewhere.entry(route.node).or_default().insert(route.user.clone());
-        }
+            Err(error) => {
+                // Where the members' devices are is unknown, not absent: every other node
+                // is asked to push to whichever of them it holds. A connected device would
+                // otherwise wait for its next sync, which a live connection never makes.
+                static ROUTES_DOWN: Throttle = Throttle::new();
+                if let Some(suppressed) = ROUTES_DOWN.allow() {
+                    tracing::warn!(%error, suppressed, "route table unavailable for fan-out; asking every node");
+                }
+                metrics::counter!("herald_delivery_unrouted_total").increment(1);
+                let everyone: BTreeSet<UserId> = members.iter().cloned().collect();
+                let elsewhere = self.reach.bus.peers().into_iter().map(|node| (node, everyone.clone())).collect();
+                (HashMap::default(), elsewhere, Addressed::Everywhere)
+            }
+        };
         let wire = self.wire_for(&message);
         for user in &members {
             self.push_here(&message, wire.as_ref(), user, routes.get(user).map_or(&[], Vec::as_slice));
@@ -225,7 +236,7 @@ impl Delivery {
         // One hop per node, all at once.
         let hops = elsewhere.into_iter().map(|(node, users)| {
             let message = Arc::clone(&message);
-            async move { self.reach.bus.deliver(node, message, users.into_iter().collect()).await }
+            async move { self.reach.bus.deliver(node, message, users.into_iter().collect(), addressed).await }
         });
         for error in join_all(hops).await.into_iter().filter_map(Result::err) {
             // Stored: those devices pull it when they next sync or reconnect.
@@ -243,8 +254,10 @@ impl Delivery {
     /// The devices are this node's own sessions of those users: no route lookup. A user
     /// named with no session here at all was sent here by a stale route (from the sender's
     /// cache, or left behind by a failed logout): the routes naming this node for that user
-    /// are then looked up and those without a connection removed, in the background.
-    pub fn deliver_here(self: &Arc<Self>, message: &Message, users: &[UserId]) {
+    /// are then looked up and those without a connection removed, in the background —
+    /// unless the delivery was sent to every node ([`Addressed::Everywhere`]), which names
+    /// users wherever they are.
+    pub fn deliver_here(self: &Arc<Self>, message: &Message, users: &[UserId], addressed: Addressed) {
         let users: BTreeSet<&UserId> = users.iter().collect();
         let wire = self.wire_for(message);
         let mut absent = Vec::new();
@@ -253,7 +266,7 @@ impl Delivery {
                 absent.push(user.clone());
             }
         }
-        if !absent.is_empty() {
+        if !absent.is_empty() && addressed == Addressed::ByRoute {
             self.forget_stale_routes_of(absent);
         }
     }
@@ -337,11 +350,13 @@ impl Delivery {
         let nodes = match self.reach.room_directory.nodes(&message.conversation).await {
             Ok(nodes) => nodes.into_iter().filter(|&node| node != self.reach.this_node).collect::<Vec<_>>(),
             Err(error) => {
+                // Which nodes have subscribers is unknown: every other node is asked, and
+                // one without any has nothing to do.
                 static DIRECTORY_DOWN: Throttle = Throttle::new();
                 if let Some(suppressed) = DIRECTORY_DOWN.allow() {
-                    tracing::warn!(%error, suppressed, "room directory unavailable; other nodes' subscribers catch up from history");
+                    tracing::warn!(%error, suppressed, "room directory unavailable; publishing to every node");
                 }
-                return;
+                self.reach.bus.peers()
             }
         };
         if !nodes.is_empty()

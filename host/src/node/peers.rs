@@ -18,7 +18,7 @@ use crate::model::{ConversationId, GroupId, Message, UserId};
 use crate::pipeline::lanes::Lanes;
 use crate::pipeline::{Admission, Pipeline, Settled};
 use crate::routing::Route;
-use crate::routing::bus::SendRequest;
+use crate::routing::bus::{Addressed, SendRequest};
 use crate::routing::cache::CachedRoutes;
 
 /// The services a peer request reaches.
@@ -40,8 +40,8 @@ impl PeerHandler for NodePeers {
         }
     }
 
-    async fn deliver(&self, message: Message, users: Vec<UserId>) {
-        self.delivery.deliver_here(&message, &users);
+    async fn deliver(&self, message: Message, users: Vec<UserId>, addressed: Addressed) {
+        self.delivery.deliver_here(&message, &users, addressed);
     }
 
     async fn publish_room(&self, message: Message) {

@@ -51,13 +51,31 @@ pub enum BusError {
     Failed { node: NodeId, reason: String },
 }
 
+/// Why a node is asked to push a message to some of its devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Addressed {
+    /// The route table names a device of each user there. A user with no session there
+    /// was named by a stale route, which the node then removes.
+    ByRoute,
+    /// Every node is asked, since the route table could not be read (a lookup past its
+    /// deadline, Redis cut off): each pushes to whichever of the users' devices it holds,
+    /// and a user it holds none of says nothing about its routes.
+    Everywhere,
+}
+
 /// What a node asks of the others.
 #[async_trait]
 pub trait NodeBus: Send + Sync + 'static {
     /// Has `owner` process `request`; returns its ack.
     async fn forward_send(&self, owner: NodeId, request: SendRequest) -> Result<SendAck, BusError>;
     /// Has `node` push `message` to the devices of `users` connected there.
-    async fn deliver(&self, node: NodeId, message: Arc<Message>, users: Vec<UserId>) -> Result<(), BusError>;
+    async fn deliver(
+        &self,
+        node: NodeId,
+        message: Arc<Message>,
+        users: Vec<UserId>,
+        addressed: Addressed,
+    ) -> Result<(), BusError>;
     /// Has each of `nodes` push a room message to its subscribers of the room.
     async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), BusError>;
     /// Has the node holding `route` close that connection (its device connected again).
@@ -68,6 +86,9 @@ pub trait NodeBus: Send + Sync + 'static {
     /// returns once each node it could reach has (best effort: a node out of reach lets
     /// its cached list expire).
     async fn group_changed(&self, group: &GroupId);
+    /// Every other live node, as this node last saw the cluster: whom to ask when the route
+    /// table or the room directory cannot say.
+    fn peers(&self) -> Vec<NodeId>;
 }
 
 /// Embedded mode's bus: a cluster of one node, with no other to reach.
@@ -80,7 +101,13 @@ impl NodeBus for LocalBus {
         Err(BusError::Unreachable(owner))
     }
 
-    async fn deliver(&self, node: NodeId, _message: Arc<Message>, _users: Vec<UserId>) -> Result<(), BusError> {
+    async fn deliver(
+        &self,
+        node: NodeId,
+        _message: Arc<Message>,
+        _users: Vec<UserId>,
+        _addressed: Addressed,
+    ) -> Result<(), BusError> {
         Err(BusError::Unreachable(node))
     }
 
@@ -97,4 +124,8 @@ impl NodeBus for LocalBus {
     }
 
     async fn group_changed(&self, _group: &GroupId) {}
+
+    fn peers(&self) -> Vec<NodeId> {
+        Vec::new()
+    }
 }

@@ -20,7 +20,7 @@ use herald_host::cluster::peer::{
 use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, GroupId, Message, NodeId, UserId};
 use herald_host::pipeline::Settled;
 use herald_host::routing::Route;
-use herald_host::routing::bus::{BusError, NodeBus, Origin, SendAck, SendRequest};
+use herald_host::routing::bus::{Addressed, BusError, NodeBus, Origin, SendAck, SendRequest};
 use herald_host::routing::cache::RouteChanges;
 use herald_proto::peer::v1 as wire;
 use herald_proto::peer::v1::peer_frame::Body;
@@ -116,7 +116,7 @@ fn ack_for(request: &SendRequest) -> v1::SendAck {
 #[derive(Debug, Clone)]
 enum Recorded {
     Send(SendRequest),
-    Deliver(Message, Vec<UserId>),
+    Deliver(Message, Vec<UserId>, Addressed),
     PublishRoom(Message),
     Kick(Route),
     LowestInFlight(ConversationId),
@@ -181,8 +181,8 @@ impl PeerHandler for Recorder {
         Settled { ack, fan_out: Some(Box::pin(fan_out)) }
     }
 
-    async fn deliver(&self, message: Message, users: Vec<UserId>) {
-        self.record(Recorded::Deliver(message, users));
+    async fn deliver(&self, message: Message, users: Vec<UserId>, addressed: Addressed) {
+        self.record(Recorded::Deliver(message, users, addressed));
     }
 
     async fn publish_room(&self, message: Message) {
@@ -302,21 +302,29 @@ async fn every_bus_call_reaches_the_handler_with_exactly_what_was_given() {
 
     let ack = pair.bus.forward_send(CALLED, request.clone()).await.expect("forwarded");
     assert_eq!((ack.to, ack.rid, ack.ack), (request.origin.clone(), 12, ack_for(&request)));
-    pair.bus.deliver(CALLED, Arc::clone(&message), users.clone()).await.expect("delivered");
+    pair.bus.deliver(CALLED, Arc::clone(&message), users.clone(), Addressed::ByRoute).await.expect("delivered");
     pair.bus.publish_room(&[CALLED], Arc::clone(&message)).await.expect("published");
     pair.bus.kick(&route).await.expect("kicked");
     assert_eq!(pair.bus.lowest_in_flight(CALLED, &conversation("dm:alice:bob")).await, Ok(Some(41)));
     assert_eq!(pair.bus.lowest_in_flight(CALLED, &conversation("room:idle")).await, Ok(None));
+    pair.bus.deliver(CALLED, Arc::clone(&message), users.clone(), Addressed::Everywhere).await.expect("delivered");
 
     let calls = pair.recorder.calls();
-    assert_eq!(calls.len(), 6, "{calls:?}");
+    assert_eq!(calls.len(), 7, "{calls:?}");
     let Recorded::Send(sent) = &calls[0] else { panic!("not a send: {calls:?}") };
     assert_eq!((&sent.origin, sent.rid, &sent.send), (&request.origin, request.rid, &request.send));
-    assert!(matches!(&calls[1], Recorded::Deliver(m, u) if *m == *message && *u == users), "{calls:?}");
+    assert!(
+        matches!(&calls[1], Recorded::Deliver(m, u, Addressed::ByRoute) if *m == *message && *u == users),
+        "{calls:?}"
+    );
     assert!(matches!(&calls[2], Recorded::PublishRoom(m) if *m == *message), "{calls:?}");
     assert!(matches!(&calls[3], Recorded::Kick(r) if *r == route), "{calls:?}");
     assert!(matches!(&calls[4], Recorded::LowestInFlight(c) if c.as_str() == "dm:alice:bob"), "{calls:?}");
     assert!(matches!(&calls[5], Recorded::LowestInFlight(c) if c.as_str() == "room:idle"), "{calls:?}");
+    assert!(
+        matches!(&calls[6], Recorded::Deliver(m, u, Addressed::Everywhere) if *m == *message && *u == users),
+        "sent to every node, and said so: {calls:?}"
+    );
 }
 
 #[tokio::test]
@@ -360,7 +368,9 @@ async fn a_slow_send_does_not_hold_up_a_delivery_on_the_same_link() {
         async move { bus.forward_send(CALLED, send_request(1, 0)).await }
     });
     assert_eq!(tokio::time::timeout(WAIT, pair.watch.started.recv()).await.expect("the send starts"), Some(1));
-    bus.deliver(CALLED, Arc::new(message()), vec![user("bob")]).await.expect("delivered while the send waits");
+    bus.deliver(CALLED, Arc::new(message()), vec![user("bob")], Addressed::ByRoute)
+        .await
+        .expect("delivered while the send waits");
     assert!(!slow.is_finished(), "the send was held, yet answered");
     pair.recorder.sends.send_replace(true);
     let ack = slow.await.expect("no panic").expect("the send is answered once released");
@@ -373,7 +383,11 @@ async fn a_caller_with_the_wrong_secret_is_refused_and_the_handler_never_called(
     let error = pair.bus.forward_send(CALLED, send_request(1, 0)).await.expect_err("refused");
     assert_failed(&error, CALLED, "cluster.secret");
     // Later calls are refused without another attempt, still saying why.
-    let error = pair.bus.deliver(CALLED, Arc::new(message()), vec![user("bob")]).await.expect_err("refused");
+    let error = pair
+        .bus
+        .deliver(CALLED, Arc::new(message()), vec![user("bob")], Addressed::ByRoute)
+        .await
+        .expect_err("refused");
     assert_failed(&error, CALLED, "cluster.secret");
     assert!(pair.recorder.calls().is_empty(), "{:?}", pair.recorder.calls());
 }
@@ -388,7 +402,7 @@ async fn a_node_without_an_address_is_unreachable() {
         Err(BusError::Unreachable(nowhere))
     );
     assert_eq!(
-        pair.bus.deliver(nowhere, Arc::clone(&message), vec![user("bob")]).await,
+        pair.bus.deliver(nowhere, Arc::clone(&message), vec![user("bob")], Addressed::ByRoute).await,
         Err(BusError::Unreachable(nowhere))
     );
     let route = Route {
@@ -427,6 +441,9 @@ async fn route_and_group_changes_are_announced_to_every_other_live_node_and_wait
     pair.directory.set(third, served.address);
     // The caller itself is listed too (as membership lists every member): it is skipped.
     pair.directory.set(CALLER, "127.0.0.1:9".parse().expect("an address"));
+    let mut peers = pair.bus.peers();
+    peers.sort();
+    assert_eq!(peers, vec![CALLED, third], "the other live nodes, not this one");
     let users = vec![user("bob"), user("carol")];
     pair.bus.routes_changed(&users).await;
     let group = GroupId::parse("team").expect("valid");
@@ -470,7 +487,9 @@ async fn a_peer_going_away_fails_its_requests_at_once_and_a_restarted_peer_is_re
     let (recorder, _watch) = Recorder::new();
     let restarted = Served::start(CALLED, secret(SECRET), Arc::clone(&recorder) as _, timeouts()).await;
     directory.set(CALLED, restarted.address);
-    bus.deliver(CALLED, Arc::new(message()), vec![user("bob")]).await.expect("the restarted node answers");
+    bus.deliver(CALLED, Arc::new(message()), vec![user("bob")], Addressed::ByRoute)
+        .await
+        .expect("the restarted node answers");
     assert!(matches!(recorder.calls().as_slice(), [Recorded::Deliver(..)]), "{:?}", recorder.calls());
 }
 
@@ -486,7 +505,7 @@ async fn a_peer_restarted_on_the_same_address_is_reached_again() {
     tokio::spawn(
         PeerServer::new(CALLED, secret(SECRET), Arc::clone(&recorder) as _, timeouts()).serve(listener, stopped),
     );
-    bus.deliver(CALLED, Arc::new(message()), vec![user("bob")]).await.expect("reconnected");
+    bus.deliver(CALLED, Arc::new(message()), vec![user("bob")], Addressed::ByRoute).await.expect("reconnected");
     assert!(matches!(recorder.calls().as_slice(), [Recorded::Deliver(..)]), "{:?}", recorder.calls());
 }
 
@@ -590,7 +609,10 @@ async fn a_peer_that_cannot_prove_the_secret_or_is_another_node_is_not_used() {
             stream
         });
         let bus = PeerBus::new(CALLER, secret(SECRET), directory as _, timeouts());
-        let error = bus.deliver(CALLED, Arc::new(message()), vec![user("bob")]).await.expect_err("not used");
+        let error = bus
+            .deliver(CALLED, Arc::new(message()), vec![user("bob")], Addressed::ByRoute)
+            .await
+            .expect_err("not used");
         assert_failed(&error, CALLED, expected);
         drop(impostor.await);
     }
@@ -654,7 +676,11 @@ async fn malformed_requests_are_answered_with_a_failure_and_the_link_stays_open(
         }),
         client_msg_id: "123e4567-e89b-12d3-a456-426614174000".to_owned(),
     };
-    let bad_user = wire::Deliver { message: Some(stored), users: vec!["bob".to_owned(), "not a user".to_owned()] };
+    let bad_user = wire::Deliver {
+        message: Some(stored),
+        users: vec!["bob".to_owned(), "not a user".to_owned()],
+        unrouted: false,
+    };
     let bad_conversation = wire::LowestInFlight { conversation: "chan:general".to_owned() };
     let no_route = wire::Kick { route: None };
     // A send claiming to come from a connection on another node than the caller.

@@ -19,7 +19,7 @@ use super::{Kind, PeerAddresses, PeerSecret, PeerTimeouts, wire};
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, BreakerStatus};
 use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
 use crate::routing::Route;
-use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
+use crate::routing::bus::{Addressed, BusError, NodeBus, SendAck, SendRequest};
 use crate::routing::cache::RouteChanges;
 use crate::tls::Tls;
 
@@ -260,8 +260,14 @@ impl NodeBus for PeerBus {
         }
     }
 
-    async fn deliver(&self, node: NodeId, message: Arc<Message>, users: Vec<UserId>) -> Result<(), BusError> {
-        let outcome = self.call(node, Kind::Deliver, wire::deliver(&message, &users)).await?;
+    async fn deliver(
+        &self,
+        node: NodeId,
+        message: Arc<Message>,
+        users: Vec<UserId>,
+        addressed: Addressed,
+    ) -> Result<(), BusError> {
+        let outcome = self.call(node, Kind::Deliver, wire::deliver(&message, &users, addressed)).await?;
         done(node, Kind::Deliver, outcome)
     }
 
@@ -290,6 +296,10 @@ impl NodeBus for PeerBus {
             _ => Err(unexpected(owner, Kind::LowestInFlight)),
         }
     }
+
+    fn peers(&self) -> Vec<NodeId> {
+        self.addresses.nodes().into_iter().filter(|&node| node != self.local).collect()
+    }
 }
 
 /// A login is announced to every other live node, all at once; a node that cannot be
@@ -305,7 +315,7 @@ impl PeerBus {
     /// Sends `request` to every other live node at once and waits for their answers; a
     /// node that cannot be reached within the request deadline is skipped.
     async fn announce(&self, kind: Kind, request: WireKind) {
-        let calls = self.addresses.nodes().into_iter().filter(|&node| node != self.local).map(|node| {
+        let calls = self.peers().into_iter().map(|node| {
             let request = request.clone();
             async move {
                 let outcome = self.call(node, kind, request).await;

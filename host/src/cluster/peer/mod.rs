@@ -72,7 +72,7 @@ use async_trait::async_trait;
 use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
 use crate::pipeline::Settled;
 use crate::routing::Route;
-use crate::routing::bus::SendRequest;
+use crate::routing::bus::{Addressed, SendRequest};
 
 /// The read side of an open link: a TCP socket's, or a TLS session's (`[tls]`).
 type ReadHalf = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
@@ -114,8 +114,9 @@ pub trait PeerHandler: Send + Sync + 'static {
     /// server writes `ack` back first, then runs `fan_out` in a task of its own — always,
     /// even when the link broke meanwhile, since later messages wait for it.
     async fn send(&self, request: SendRequest) -> Settled;
-    /// Pushes `message` to the devices of `users` connected to this node.
-    async fn deliver(&self, message: Message, users: Vec<UserId>);
+    /// Pushes `message` to the devices of `users` connected to this node, named by the
+    /// caller's route lookup or sent to every node (`addressed`).
+    async fn deliver(&self, message: Message, users: Vec<UserId>, addressed: Addressed);
     /// Pushes a room message to this node's subscribers of its room.
     async fn publish_room(&self, message: Message);
     /// Closes the connection of `route`, held by this node (its device connected again).

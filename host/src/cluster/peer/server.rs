@@ -194,8 +194,8 @@ impl PeerServer {
                 let settled = self.handler.send(request).await;
                 (Outcome::SendAck(settled.ack.ack), settled.fan_out)
             }
-            Call::Deliver(message, users) => {
-                self.handler.deliver(message, users).await;
+            Call::Deliver(message, users, addressed) => {
+                self.handler.deliver(message, users, addressed).await;
                 (done, None)
             }
             Call::PublishRoom(message) => {

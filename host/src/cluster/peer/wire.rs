@@ -12,7 +12,7 @@ use herald_proto::peer::v1::request::Kind as WireKind;
 use crate::delivery::wire_message;
 use crate::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, GroupId, InvalidId, Message, NodeId, UserId};
 use crate::routing::Route;
-use crate::routing::bus::{Origin, SendRequest};
+use crate::routing::bus::{Addressed, Origin, SendRequest};
 
 /// A request that cannot be carried out as sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,7 +34,7 @@ pub(super) enum WireError {
 #[derive(Debug, Clone)]
 pub(super) enum Call {
     Send(SendRequest),
-    Deliver(Message, Vec<UserId>),
+    Deliver(Message, Vec<UserId>, Addressed),
     PublishRoom(Message),
     Kick(Route),
     LowestInFlight(ConversationId),
@@ -72,7 +72,8 @@ impl Call {
             WireKind::Deliver(deliver) => {
                 let message = message_from(deliver.message)?;
                 let users = deliver.users.iter().map(|user| UserId::parse(user)).collect::<Result<_, _>>()?;
-                Self::Deliver(message, users)
+                let addressed = if deliver.unrouted { Addressed::Everywhere } else { Addressed::ByRoute };
+                Self::Deliver(message, users, addressed)
             }
             WireKind::PublishRoom(publish) => Self::PublishRoom(message_from(publish.message)?),
             WireKind::Kick(kick) => Self::Kick(route_from(kick.route.ok_or(WireError::Missing("route"))?)?),
@@ -98,10 +99,11 @@ pub(super) fn forward_send(request: &SendRequest) -> WireKind {
     })
 }
 
-pub(super) fn deliver(message: &Message, users: &[UserId]) -> WireKind {
+pub(super) fn deliver(message: &Message, users: &[UserId], addressed: Addressed) -> WireKind {
     WireKind::Deliver(wire::Deliver {
         message: Some(stored(message)),
         users: users.iter().map(ToString::to_string).collect(),
+        unrouted: addressed == Addressed::Everywhere,
     })
 }
 
@@ -209,10 +211,14 @@ mod tests {
             connected_at_ms: 5,
         };
         let conversation = ConversationId::parse("dm:alice:bob").expect("valid");
-        let Ok(Call::Deliver(back, to)) = Call::decode(Some(deliver(&message, &users)), NodeId(1), NodeId(3)) else {
-            panic!("not a deliver")
-        };
-        assert_eq!((back, to), (message.clone(), users));
+        for addressed in [Addressed::ByRoute, Addressed::Everywhere] {
+            let Ok(Call::Deliver(back, to, how)) =
+                Call::decode(Some(deliver(&message, &users, addressed)), NodeId(1), NodeId(3))
+            else {
+                panic!("not a deliver")
+            };
+            assert_eq!((back, to, how), (message.clone(), users.clone(), addressed));
+        }
         let Ok(Call::PublishRoom(back)) = Call::decode(Some(publish_room(&message)), NodeId(1), NodeId(3)) else {
             panic!("not a publish")
         };
@@ -247,7 +253,7 @@ mod tests {
 
     #[test]
     fn invalid_ids_missing_fields_and_unknown_kinds_are_refused() {
-        let mut bad_user = deliver(&message(), &[user("bob")]);
+        let mut bad_user = deliver(&message(), &[user("bob")], Addressed::ByRoute);
         if let WireKind::Deliver(deliver) = &mut bad_user {
             deliver.users.push("not a user".to_owned());
         }

@@ -428,3 +428,56 @@ async fn a_node_cut_off_from_redis_keeps_acking_sends_and_says_so_until_redis_an
     }
     nodes.stop().await;
 }
+
+/// Nodes cut off from Redis cannot read the route table or the room directory, yet a
+/// message still reaches a connected device on another node at once: the owner asks every
+/// node to push it to whichever recipients it holds (a lookup counted the device as offline,
+/// so it got the message only at its next sync, which a live connection never makes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_redis_still_pushes_to_devices_on_other_nodes() {
+    // As above: a Redis Cluster's own addresses bypass the proxy.
+    assert!(
+        !redis_url().starts_with("redis+cluster://"),
+        "this test cuts nodes off from Redis through a proxy, which a Redis Cluster's own addresses bypass; \
+         run it against one Redis (HERALD_TEST_REDIS_URL=redis://…)"
+    );
+    let cut = Arc::new(AtomicBool::new(false));
+    let proxied = partitionable_proxy(&redis_url(), Arc::clone(&cut)).await;
+    let nodes = Nodes::start_with(
+        2,
+        Backend::Postgres,
+        &[
+            ("CLUSTER__REDIS_URL", proxied.as_str()),
+            // The leases outlive the cut: the owner keeps acting as one.
+            ("CLUSTER__LEASE_TTL_MS", "60000"),
+        ],
+    )
+    .await;
+    let conversation = dm("ann", "bob");
+    // bob is on the node that does not own the conversation: only a push from the owner
+    // over the bus reaches him.
+    let owner = nodes.owner_of(0, "ann", &conversation).await;
+    let (ann_at, bob_at) = (owner, 1 - owner);
+    let mut ann = Client::connect(&nodes.nodes[ann_at], "ann", "phone").await;
+    let mut bob = Client::connect(&nodes.nodes[bob_at], "bob", "phone").await;
+    let room = "room:lobby";
+    ann.subscribe(room, None).await;
+    bob.subscribe(room, None).await;
+
+    cut.store(true, Ordering::SeqCst);
+    for n in 0..3 {
+        let ack = ann.send_ok(&conversation, format!("while Redis is cut off {n}")).await;
+        let pushed = bob.deliver_of(ack.message_id).await;
+        assert_eq!(pushed.message.map(|m| m.seq), Some(ack.seq), "pushed to bob at the seq ann was told");
+    }
+    let ack = ann.send_ok(room, "to the room while Redis is cut off").await;
+    let pushed = bob.deliver_of(ack.message_id).await;
+    assert_eq!(
+        pushed.message.map(|m| m.conversation),
+        Some(room.to_owned()),
+        "the room's subscriber on the other node"
+    );
+
+    cut.store(false, Ordering::SeqCst);
+    nodes.stop().await;
+}
