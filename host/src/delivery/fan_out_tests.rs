@@ -16,14 +16,21 @@ use crate::testkit::{
     BusCall, Kit, Options, RecordingBus, RecordingOutbox, THIS_NODE, conversation_id, device_id, message, user_id,
 };
 
-/// The in-process route table, noting the users of every `devices_of`.
+/// The in-process route table, noting the users of every `devices_of`; an unreadable one
+/// fails each `devices_of` as Redis cut off would (logins still work, so the kit's own
+/// devices connect).
 #[derive(Default)]
 struct CountingRoutes {
     table: MemoryRouteTable,
     lookups: Mutex<Vec<Vec<UserId>>>,
+    unreadable: bool,
 }
 
 impl CountingRoutes {
+    fn unreadable() -> Self {
+        Self { unreadable: true, ..Self::default() }
+    }
+
     fn lookups(&self) -> Vec<Vec<UserId>> {
         self.lookups.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -47,6 +54,9 @@ impl RouteTable for CountingRoutes {
 
     async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
         self.lookups.lock().unwrap_or_else(|p| p.into_inner()).push(users.to_vec());
+        if self.unreadable {
+            return Err(RouteError("Redis did not answer route lookup within 50ms".to_owned()));
+        }
         self.table.devices_of(users).await
     }
 
@@ -68,13 +78,14 @@ async fn logged_in_on(kit: &Kit, user: &str, device: &str, node: NodeId) {
     kit.routes.login(route).await.expect("log in");
 }
 
-/// The users of each `deliver` call, by node, each list sorted.
-fn delivered_by_node(calls: &[BusCall], seq: u64) -> BTreeMap<NodeId, Vec<String>> {
+/// The users of each `deliver` call, by node, each list sorted; every one of message `seq`,
+/// addressed as `expected`.
+fn delivered_by_node(calls: &[BusCall], seq: u64, expected: Addressed) -> BTreeMap<NodeId, Vec<String>> {
     let mut by_node = BTreeMap::new();
     for call in calls {
         if let BusCall::Deliver { node, message, users, addressed } = call {
             assert_eq!(message.seq, seq);
-            assert_eq!(*addressed, Addressed::ByRoute, "the route table named the node");
+            assert_eq!(*addressed, expected, "{calls:?}");
             let mut users: Vec<String> = users.iter().map(ToString::to_string).collect();
             users.sort();
             assert!(by_node.insert(*node, users).is_none(), "one deliver per node: {calls:?}");
@@ -156,7 +167,7 @@ async fn devices_on_other_nodes_are_reached_through_the_bus_with_exactly_their_u
             .into_iter()
             .collect();
     let calls = bus.calls();
-    assert_eq!(delivered_by_node(&calls, 9), expected, "{calls:?}");
+    assert_eq!(delivered_by_node(&calls, 9, Addressed::ByRoute), expected, "{calls:?}");
     assert_eq!(calls.len(), 2, "nothing else asked of other nodes: {calls:?}");
     assert_eq!(bob_phone.delivered_seqs(), vec![("grp:team".to_owned(), 9)], "this node's device, pushed here");
 }
@@ -175,7 +186,7 @@ async fn a_user_with_two_devices_on_another_node_is_named_once() {
     kit.delivery.fan_out(message("dm:alice:bob", 1, "alice", "phone")).await;
 
     let expected: BTreeMap<NodeId, Vec<String>> = [(two, vec!["bob".to_owned()])].into_iter().collect();
-    assert_eq!(delivered_by_node(&bus.calls(), 1), expected);
+    assert_eq!(delivered_by_node(&bus.calls(), 1, Addressed::ByRoute), expected);
 }
 
 #[tokio::test]
@@ -286,38 +297,6 @@ async fn a_delivery_from_another_node_for_a_user_not_here_removes_their_stale_ro
     wait_for_devices(&kit, "bob", &["phone"]).await;
 }
 
-/// The route table that cannot be read (Redis cut off, a lookup past its deadline); logins
-/// still work, so the kit's own devices are connected.
-#[derive(Default)]
-struct UnreadableRoutes {
-    table: MemoryRouteTable,
-}
-
-#[async_trait]
-impl RouteTable for UnreadableRoutes {
-    async fn login(&self, route: Route) -> Result<Option<Route>, RouteError> {
-        self.table.login(route).await
-    }
-
-    async fn logout(
-        &self,
-        user: &UserId,
-        device: &DeviceId,
-        node: NodeId,
-        connection: ConnectionId,
-    ) -> Result<bool, RouteError> {
-        self.table.logout(user, device, node, connection).await
-    }
-
-    async fn devices_of(&self, _users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
-        Err(RouteError("Redis did not answer route lookup within 50ms".to_owned()))
-    }
-
-    async fn restore(&self, route: Route) -> Result<bool, RouteError> {
-        self.table.restore(route).await
-    }
-}
-
 /// Where the members' devices are is unknown, not absent: this node's devices get the
 /// message, and every other node is asked to push it to whichever members it holds.
 #[tokio::test]
@@ -326,7 +305,7 @@ async fn without_the_route_table_every_other_node_is_asked_for_every_member() {
     let bus = Arc::new(RecordingBus::with_peers(&[two, three]));
     let kit = Kit::with(Options {
         bus: Arc::clone(&bus) as _,
-        routes: Arc::new(UnreadableRoutes::default()) as _,
+        routes: Arc::new(CountingRoutes::unreadable()) as _,
         ..Options::default()
     })
     .await;
@@ -338,14 +317,8 @@ async fn without_the_route_table_every_other_node_is_asked_for_every_member() {
 
     assert_eq!(bob_phone.delivered_seqs(), vec![("grp:team".to_owned(), 4)], "this node's device, pushed here");
     let calls = bus.calls();
-    let mut asked = BTreeMap::new();
-    for call in &calls {
-        let BusCall::Deliver { node, message, users, addressed } = call else { panic!("only deliveries: {calls:?}") };
-        assert_eq!((message.seq, *addressed), (4, Addressed::Everywhere), "{calls:?}");
-        let mut users: Vec<String> = users.iter().map(ToString::to_string).collect();
-        users.sort();
-        assert!(asked.insert(*node, users).is_none(), "one deliver per node: {calls:?}");
-    }
+    let asked = delivered_by_node(&calls, 4, Addressed::Everywhere);
+    assert_eq!(calls.len(), 2, "nothing else asked of other nodes: {calls:?}");
     let everyone = vec!["alice".to_owned(), "bob".to_owned(), "carol".to_owned()];
     assert_eq!(asked, [(two, everyone.clone()), (three, everyone)].into_iter().collect());
 }

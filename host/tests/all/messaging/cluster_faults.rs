@@ -369,21 +369,27 @@ async fn a_redis_restart_mid_traffic_loses_nothing() {
     redis_data_lost_mid_traffic(nodes, async |_: &mut Nodes| redis.restart(), routes).await;
 }
 
+/// The URL of a proxy to the test Redis for nodes to use, and the switch that cuts them
+/// off from it.
+async fn redis_to_cut_off() -> (String, Arc<AtomicBool>) {
+    // A node dials the masters of a Redis Cluster at the addresses they announce, around any
+    // proxy: it cannot be cut off this way. scripts/test.sh runs these tests on one Redis.
+    assert!(
+        !redis_url().starts_with("redis+cluster://"),
+        "this test cuts nodes off from Redis through a proxy, which a Redis Cluster's own addresses bypass; \
+         run it against one Redis (HERALD_TEST_REDIS_URL=redis://…)"
+    );
+    let cut = Arc::new(AtomicBool::new(false));
+    (partitionable_proxy(&redis_url(), Arc::clone(&cut)).await, cut)
+}
+
 /// A node cut off from Redis keeps storing and acking sends (a dedup mark it cannot take
 /// leaves duplicates to the unique index), opens its breaker on Redis and says so in
 /// `/readyz` and `/metrics`, and closes it once Redis answers again; what it stored
 /// meanwhile reaches the recipient.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_from_redis_keeps_acking_sends_and_says_so_until_redis_answers_again() {
-    // A node dials the masters of a Redis Cluster at the addresses they announce, around any
-    // proxy: it cannot be cut off this way. scripts/test.sh runs this module on one Redis.
-    assert!(
-        !redis_url().starts_with("redis+cluster://"),
-        "this test cuts a node off from Redis through a proxy, which a Redis Cluster's own addresses bypass; \
-         run it against one Redis (HERALD_TEST_REDIS_URL=redis://…)"
-    );
-    let cut = Arc::new(AtomicBool::new(false));
-    let proxied = partitionable_proxy(&redis_url(), Arc::clone(&cut)).await;
+    let (proxied, cut) = redis_to_cut_off().await;
     let nodes = Nodes::start_with(
         1,
         Backend::Postgres,
@@ -435,14 +441,7 @@ async fn a_node_cut_off_from_redis_keeps_acking_sends_and_says_so_until_redis_an
 /// so it got the message only at its next sync, which a live connection never makes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_from_redis_still_pushes_to_devices_on_other_nodes() {
-    // As above: a Redis Cluster's own addresses bypass the proxy.
-    assert!(
-        !redis_url().starts_with("redis+cluster://"),
-        "this test cuts nodes off from Redis through a proxy, which a Redis Cluster's own addresses bypass; \
-         run it against one Redis (HERALD_TEST_REDIS_URL=redis://…)"
-    );
-    let cut = Arc::new(AtomicBool::new(false));
-    let proxied = partitionable_proxy(&redis_url(), Arc::clone(&cut)).await;
+    let (proxied, cut) = redis_to_cut_off().await;
     let nodes = Nodes::start_with(
         2,
         Backend::Postgres,
