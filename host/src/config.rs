@@ -113,6 +113,14 @@ pub struct DeliveryConfig {
     pub dedup_max_marks: u64,
     /// How often the node samples its health and asks the degrade hook for a tier, in ms.
     pub degrade_interval_ms: u64,
+    /// Cluster mode: how long a `deliver` another node could not be asked (its link broke,
+    /// or it did not answer in time) is asked again in the background, in ms: first after
+    /// 100 ms, the wait doubling to 2 s, while that node is still a member. 0 asks once
+    /// only; its devices then get the message at their next sync or reconnect.
+    pub hop_retry_for_ms: u64,
+    /// Cluster mode: most such deliveries waiting to be asked again at once; past it a
+    /// failed one is left to its devices' next sync.
+    pub hop_retry_max_pending: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -132,6 +140,8 @@ impl Default for DeliveryConfig {
             dedup_ttl_ms: 600_000,
             dedup_max_marks: 100_000,
             degrade_interval_ms: 1_000,
+            hop_retry_for_ms: 10_000,
+            hop_retry_max_pending: 10_000,
         }
     }
 }

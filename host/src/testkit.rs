@@ -30,6 +30,7 @@ use crate::delivery::session::{Outbox, Session};
 use crate::delivery::sessions::Sessions;
 use crate::health::Vitals;
 use crate::ids::{SeqAllocator, SnowflakeGenerator};
+use crate::maps::HashMap;
 use crate::membership::Membership;
 use crate::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, Message, NodeId, UserId};
 use crate::node::{Seams, Settings, Storage};
@@ -412,13 +413,25 @@ pub enum BusCall {
 pub struct RecordingBus {
     calls: Mutex<Vec<BusCall>>,
     /// What [`NodeBus::peers`] answers.
-    peers: Vec<NodeId>,
+    peers: Mutex<Vec<NodeId>>,
+    /// How many more `deliver`s to each node fail (unrecorded), as a broken link would.
+    failing: Mutex<HashMap<NodeId, u32>>,
 }
 
 impl RecordingBus {
     /// A bus whose cluster has `peers` besides this node.
     pub fn with_peers(peers: &[NodeId]) -> Self {
-        Self { peers: peers.to_vec(), ..Self::default() }
+        Self { peers: Mutex::new(peers.to_vec()), ..Self::default() }
+    }
+
+    /// The cluster now has `peers` besides this node (one left, say).
+    pub fn set_peers(&self, peers: &[NodeId]) {
+        *self.peers.lock().unwrap_or_else(|p| p.into_inner()) = peers.to_vec();
+    }
+
+    /// The next `times` `deliver`s to `node` fail, and are not recorded.
+    pub fn fail_deliveries(&self, node: NodeId, times: u32) {
+        self.failing.lock().unwrap_or_else(|p| p.into_inner()).insert(node, times);
     }
 
     /// Every call, in order.
@@ -462,6 +475,10 @@ impl NodeBus for RecordingBus {
         users: Vec<UserId>,
         addressed: Addressed,
     ) -> Result<(), BusError> {
+        if let Some(left @ 1..) = self.failing.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&node) {
+            *left -= 1;
+            return Err(BusError::Failed { node, reason: "the link broke".to_owned() });
+        }
         self.record(BusCall::Deliver { node, message, users, addressed });
         Ok(())
     }
@@ -482,7 +499,7 @@ impl NodeBus for RecordingBus {
     async fn group_changed(&self, _group: &crate::model::GroupId) {}
 
     fn peers(&self) -> Vec<NodeId> {
-        self.peers.clone()
+        self.peers.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 

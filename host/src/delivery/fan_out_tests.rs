@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
+use crate::config::DeliveryConfig;
 use crate::maps::HashMap;
 use crate::model::{ConnectionId, DeviceId, GroupId, NodeId, UserId};
 use crate::routing::bus::Addressed;
@@ -389,4 +390,96 @@ async fn a_route_read_before_the_device_reconnected_still_reaches_its_new_sessio
 
     assert_eq!(new_phone.delivered_seqs(), vec![("dm:alice:bob".to_owned(), 3)], "the new session gets it");
     assert!(old_phone.frames().is_empty(), "the old connection is closed");
+}
+
+/// Polls `done` every 10 ms for up to 10 s; panics naming `what` if it never holds.
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..1_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("waited 10 s for {what}");
+}
+
+/// A kit whose bus records what other nodes are asked, `peers` being the other members,
+/// with failed hops asked again for `retry_for_ms` and at most `max_pending` at once.
+async fn kit_asking_again(peers: &[NodeId], retry_for_ms: u64, max_pending: usize) -> (Kit, Arc<RecordingBus>) {
+    let bus = Arc::new(RecordingBus::with_peers(peers));
+    let delivery = DeliveryConfig {
+        hop_retry_for_ms: retry_for_ms,
+        hop_retry_max_pending: max_pending,
+        ..Options::default().delivery
+    };
+    let kit = Kit::with(Options { bus: Arc::clone(&bus) as _, delivery, ..Options::default() }).await;
+    (kit, bus)
+}
+
+/// A node holding a recipient whose link broke is asked again until it answers: its
+/// connected device would otherwise get the message only at its next sync, which a live
+/// connection never makes.
+#[tokio::test]
+async fn a_node_that_could_not_be_asked_is_asked_again_until_it_answers() {
+    let two = NodeId(THIS_NODE.0 + 1);
+    let (kit, bus) = kit_asking_again(&[two], 60_000, 100).await;
+    logged_in_on(&kit, "bob", "tablet", two).await;
+    bus.fail_deliveries(two, 3);
+
+    kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
+
+    assert!(bus.calls().is_empty(), "the first ask failed");
+    assert_eq!(kit.delivery.waiting_hops(), 1, "and waits to be asked again");
+    wait_until("the hop to be asked again", || !bus.calls().is_empty()).await;
+    let expected: BTreeMap<NodeId, Vec<String>> = [(two, vec!["bob".to_owned()])].into_iter().collect();
+    assert_eq!(delivered_by_node(&bus.calls(), 5, Addressed::ByRoute), expected, "the same hop, once it got through");
+    wait_until("its place to be given back", || kit.delivery.waiting_hops() == 0).await;
+}
+
+/// A node that left the cluster is not asked again: its devices lost their connections
+/// with it, and reconnect elsewhere and backfill.
+#[tokio::test]
+async fn a_node_that_left_is_not_asked_again() {
+    let two = NodeId(THIS_NODE.0 + 1);
+    let (kit, bus) = kit_asking_again(&[two], 600_000, 100).await;
+    logged_in_on(&kit, "bob", "tablet", two).await;
+    bus.fail_deliveries(two, u32::MAX);
+
+    kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
+    assert_eq!(kit.delivery.waiting_hops(), 1);
+    bus.set_peers(&[]);
+
+    // Long before the ten minutes it may retry for.
+    wait_until("the hop to be given up", || kit.delivery.waiting_hops() == 0).await;
+    bus.fail_deliveries(two, 0);
+    assert!(bus.calls().is_empty(), "never got through: {:?}", bus.calls());
+}
+
+/// Past `hop_retry_max_pending` hops waiting, a failed one is left to its devices' next
+/// sync; and with `hop_retry_for_ms = 0`, every one is.
+#[tokio::test]
+async fn failed_hops_wait_only_up_to_their_cap() {
+    let two = NodeId(THIS_NODE.0 + 1);
+    let (kit, bus) = kit_asking_again(&[two], 60_000, 1).await;
+    logged_in_on(&kit, "bob", "tablet", two).await;
+    bus.fail_deliveries(two, u32::MAX);
+
+    kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
+    kit.delivery.fan_out(message("dm:alice:bob", 6, "alice", "phone")).await;
+    assert_eq!(kit.delivery.waiting_hops(), 1, "one place");
+    bus.fail_deliveries(two, 0);
+
+    wait_until("the waiting hop to get through", || kit.delivery.waiting_hops() == 0).await;
+    let seqs: Vec<u64> = bus
+        .calls()
+        .iter()
+        .filter_map(|call| if let BusCall::Deliver { message, .. } = call { Some(message.seq) } else { None })
+        .collect();
+    assert_eq!(seqs, vec![5], "the second failed hop found no place");
+
+    let (kit, bus) = kit_asking_again(&[two], 0, 100).await;
+    logged_in_on(&kit, "bob", "tablet", two).await;
+    bus.fail_deliveries(two, 1);
+    kit.delivery.fan_out(message("dm:alice:bob", 7, "alice", "phone")).await;
+    assert_eq!(kit.delivery.waiting_hops(), 0, "retries off");
 }

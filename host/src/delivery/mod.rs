@@ -11,6 +11,7 @@
 pub mod backfill;
 pub mod cursors;
 pub mod filter;
+mod hops;
 pub mod pull;
 mod retries;
 pub mod rtt;
@@ -40,6 +41,7 @@ use crate::telemetry::{Throttle, registered};
 
 use cursors::CursorBuffer;
 use filter::RecipientFilter;
+use hops::{Hop, HopRetries};
 use pull::SeqFrontier;
 use retries::{Pending, RetryTimers};
 use session::Session;
@@ -80,6 +82,8 @@ pub struct Delivery {
     vitals: Arc<Vitals>,
     /// Pushes waiting for their ack timeout.
     retries: RetryTimers,
+    /// Deliveries another node could not be asked, waiting to be asked again.
+    hops: HopRetries,
     /// Who of a message's recipients must not get it (the `deliver-filter` hook).
     filter: Arc<dyn RecipientFilter>,
 }
@@ -118,6 +122,7 @@ impl Delivery {
         filter: Arc<dyn RecipientFilter>,
     ) -> Self {
         let backfill_permits = Semaphore::new(config.backfill_concurrency);
+        let hops = HopRetries::new(Duration::from_millis(config.hop_retry_for_ms), config.hop_retry_max_pending);
         Self {
             config,
             reach,
@@ -128,6 +133,7 @@ impl Delivery {
             backfill_permits,
             vitals,
             retries: RetryTimers::start(),
+            hops,
             filter,
         }
     }
@@ -236,14 +242,20 @@ impl Delivery {
         // One hop per node, all at once.
         let hops = elsewhere.into_iter().map(|(node, users)| {
             let message = Arc::clone(&message);
-            async move { self.reach.bus.deliver(node, message, users.into_iter().collect(), addressed).await }
+            async move {
+                let users: Vec<UserId> = users.into_iter().collect();
+                let outcome = self.reach.bus.deliver(node, Arc::clone(&message), users.clone(), addressed).await;
+                outcome.map_err(|error| (error, Hop { node, message, users, addressed }))
+            }
         });
-        for error in join_all(hops).await.into_iter().filter_map(Result::err) {
-            // Stored: those devices pull it when they next sync or reconnect.
+        for (error, hop) in join_all(hops).await.into_iter().filter_map(Result::err) {
+            // Stored, so nothing is lost: the hop is asked again in the background, and
+            // past that those devices get it when they next sync or reconnect.
             static NODE_DOWN: Throttle = Throttle::new();
             if let Some(suppressed) = NODE_DOWN.allow() {
-                tracing::warn!(%error, suppressed, "a node holding recipients could not be reached");
+                tracing::warn!(%error, suppressed, "a node holding recipients could not be reached; asking again");
             }
+            self.retry_hop(hop);
         }
         registered!(counter, "herald_delivery_fanouts_total").increment(1);
     }
@@ -444,6 +456,11 @@ impl Delivery {
             return;
         };
         metrics::counter!("herald_delivery_settled_total", "outcome" => outcome).increment(1);
+    }
+
+    /// Deliveries another node could not be asked, waiting to be asked again.
+    pub fn waiting_hops(&self) -> usize {
+        self.hops.waiting()
     }
 
     /// Pushes waiting for their ack (each holds its message until then).

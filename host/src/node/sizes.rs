@@ -34,7 +34,7 @@ pub(crate) struct Maps {
 impl Maps {
     /// Each map's name (the gauge's `map` label) and entries now. Runs the caches' pending
     /// upkeep (expiry) first, so an idle node frees what expired.
-    pub fn sizes(&self) -> [(&'static str, u64); 13] {
+    pub fn sizes(&self) -> [(&'static str, u64); 14] {
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         let sessions = self.delivery.sessions();
         let (rooms, subscribed_connections) = self.rooms.sizes();
@@ -52,6 +52,7 @@ impl Maps {
             ("known_direct", self.pipeline.known_direct()),
             ("intake_buckets", count(self.gateway.intake.buckets())),
             ("retry_timers", count(self.delivery.pending_retries())),
+            ("hop_retries", count(self.delivery.waiting_hops())),
         ]
     }
 

@@ -40,8 +40,9 @@
 //! Every call has a deadline ([`PeerTimeouts`]); past it, or when the link breaks, or when
 //! the peer cannot be reached, the call fails at once with a [`BusError`] and the caller
 //! falls back as the bus contract says (a forwarded send answers `RETRY`; a delivery is
-//! pulled by its device later). A link that broke is reopened on the next call; a peer that
-//! could not be reached is tried again only after a backoff (doubling from
+//! asked again with backoff for a while, `delivery/hops.rs`, then pulled by its device).
+//! A link that broke is reopened on the next call; a peer that could not be reached is
+//! tried again only after a backoff (doubling from
 //! [`PeerTimeouts::reconnect_min`] to [`PeerTimeouts::reconnect_max`]), and calls meanwhile
 //! fail without waiting. A peer whose link opens but whose calls keep failing or timing out
 //! (paused, overloaded, cut off mid-stream) is caught by its circuit breaker

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use herald_host::routing::ring::{DEFAULT_VIRTUAL_NODES, Ring};
 use herald_host::store::{Backend, Pool};
 use herald_proto::v1::{self, frame::Body, send_ack::Status};
+use tokio::sync::watch;
 
 use super::client::Client;
 use super::nodes::{History, LEASE_TTL_MS, Nodes, check_history};
-use super::{dm, uuid};
+use super::{dm, metric, uuid};
 use crate::redis_scratch::{PrivateRedis, partitionable_proxy, redis_url};
 
 /// How long a send may take to be accepted once its owner is gone: the lease lapsing, the
@@ -478,5 +479,53 @@ async fn a_node_cut_off_from_redis_still_pushes_to_devices_on_other_nodes() {
     );
 
     cut.store(false, Ordering::SeqCst);
+    nodes.stop().await;
+}
+
+/// A delivery hop that fails because the link to the recipient's node broke is asked again
+/// once the link is back: bob, connected to that node all along, gets every message live.
+/// (Asked once only, he would have got them at his next sync, which a live connection never
+/// makes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_whose_link_broke_reaches_the_device_once_the_link_is_back() {
+    let (breaking, broken) = watch::channel(false);
+    let nodes = Nodes::start_with_breakable_links(2, Backend::Postgres, &[], &broken).await;
+    let conversation = dm("ann", "bob");
+    // bob is on the node that does not own the conversation: only a hop from the owner
+    // reaches him.
+    let owner = nodes.owner_of(0, "ann", &conversation).await;
+    let (ann_at, bob_at) = (owner, 1 - owner);
+    let mut ann = Client::connect(&nodes.nodes[ann_at], "ann", "phone").await;
+    let mut bob = Client::connect(&nodes.nodes[bob_at], "bob", "phone").await;
+    let ack = ann.send_ok(&conversation, "before the link breaks").await;
+    bob.deliver_of(ack.message_id).await;
+    bob.deliver_ack(&conversation, ack.seq).await;
+    let failed_hops = async || {
+        let text = nodes.nodes[ann_at].get("/metrics", None).await.body;
+        ["failed", "timeout", "unreachable", "refused"]
+            .iter()
+            .map(|outcome| {
+                metric(&text, &format!("herald_cluster_peer_requests_total{{kind=\"deliver\",outcome=\"{outcome}\"}}"))
+            })
+            .sum::<f64>()
+    };
+
+    breaking.send_replace(true);
+    let mut sent = Vec::new();
+    for n in 0..3 {
+        sent.push(ann.send_ok(&conversation, format!("while the link is broken {n}")).await.message_id);
+    }
+    nodes.wait_until("the owner's three hops to bob's node to fail", async || failed_hops().await >= 3.0).await;
+    breaking.send_replace(false);
+
+    let mut pushed: Vec<u64> = bob.distinct_deliveries(&conversation, 3).await.iter().map(|m| m.id).collect();
+    pushed.sort_unstable();
+    sent.sort_unstable();
+    assert_eq!(pushed, sent, "every message sent while the link was broken, pushed once it was back");
+    let asked_again = metric(
+        &nodes.nodes[ann_at].get("/metrics", None).await.body,
+        "herald_delivery_hop_retries_total{outcome=\"delivered\"}",
+    );
+    assert!(asked_again >= 1.0, "by asking again: {asked_again}");
     nodes.stop().await;
 }

@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 use herald_host::config::StorageConfig;
 use herald_host::store::{Backend, Database};
 use herald_proto::v1;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio_rustls::rustls::ClientConfig;
 
 use super::WAIT;
 use super::client::Client;
-use super::server::{DEV_KEY, Herald, Options};
+use super::server::{DEV_KEY, Herald, Options, free_port};
 use crate::redis_scratch::Scratch;
 use crate::support::scratch::ScratchDatabase;
 
@@ -60,6 +62,26 @@ impl Nodes {
         for _ in 0..count {
             let node = nodes.options().start().await;
             nodes.nodes.push(node);
+        }
+        nodes.wait_for_members(count).await;
+        nodes
+    }
+
+    /// As [`start_with`](Self::start_with), every node's links from the others passing
+    /// through a proxy of its own that breaks them all while `broken` holds (each side sees
+    /// the other close) and refuses new ones meanwhile, as a failing switch would.
+    pub async fn start_with_breakable_links(
+        count: usize,
+        backend: Backend,
+        extra: &[(&str, &str)],
+        broken: &watch::Receiver<bool>,
+    ) -> Self {
+        let mut nodes = Self::start_configured(0, backend, extra, None).await;
+        for _ in 0..count {
+            let listen = format!("127.0.0.1:{}", free_port());
+            let proxy = breakable_proxy_to(listen.clone(), broken.clone()).await;
+            let options = nodes.options().set("CLUSTER__PEER_LISTEN", &listen).set("CLUSTER__ADVERTISE", proxy);
+            nodes.nodes.push(options.start().await);
         }
         nodes.wait_for_members(count).await;
         nodes
@@ -189,6 +211,30 @@ impl Nodes {
             database.drop_database().await.expect("drop the test database");
         }
     }
+}
+
+/// Starts a TCP proxy to `target` (`host:port`) that closes every connection it carries
+/// the moment `broken` holds, and closes each one it accepts meanwhile; returns the
+/// `host:port` it listens on.
+async fn breakable_proxy_to(target: String, broken: watch::Receiver<bool>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+    let address = listener.local_addr().expect("proxy address");
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            if *broken.borrow() {
+                continue;
+            }
+            let Ok(mut server) = TcpStream::connect(&target).await else { continue };
+            let mut broken = broken.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                    _ = broken.wait_for(|broken| *broken) => {}
+                }
+            });
+        }
+    });
+    address.to_string()
 }
 
 /// What the history checker knows of one conversation: every message a sender heard OK

@@ -266,7 +266,7 @@ pub fn log_tail(path: &Path) -> String {
     format!("--- herald log (last {} lines) ---\n{}", lines.len() - start, lines[start..].join("\n"))
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 

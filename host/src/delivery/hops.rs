@@ -1,0 +1,125 @@
+//! Hops asked again: a `deliver` another node could not be asked — its link broke, it did
+//! not answer within the request deadline, its breaker is open — is asked again in the
+//! background, so a device that stays connected to that node still gets the message live.
+//! Without it, the device would get the message only at its next sync or reconnect, and a
+//! live connection makes neither.
+//!
+//! The first wait is [`FIRST_WAIT`], doubling (with jitter) up to [`LONGEST_WAIT`], for at
+//! most `delivery.hop_retry_for_ms` in all, and only while that node is still a member: a
+//! node whose lease lapsed has lost its devices, which reconnect elsewhere and backfill. At
+//! most `delivery.hop_retry_max_pending` hops wait at once; past it a failed hop is left to
+//! its devices' next sync. Asking again is safe when the first ask did get through (it timed
+//! out late): a session takes each seq once and skips one its device acked.
+//!
+//! The retries run in their own task: fan-out, which releases a conversation's messages in
+//! seq order, never waits for them.
+//!
+//! Counter: `herald_delivery_hop_retries_total{outcome}` — `delivered` (a retry got
+//! through), `given_up` (the time ran out, or the node left), `overflow` (too many waiting).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable as _};
+
+use super::Delivery;
+use crate::model::{Message, NodeId, UserId};
+use crate::routing::bus::{Addressed, BusError};
+use crate::telemetry::Throttle;
+
+/// The wait before the first retry.
+pub const FIRST_WAIT: Duration = Duration::from_millis(100);
+/// The longest wait between two retries.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(2);
+
+/// A `deliver` that failed: the node asked, and what it was asked.
+pub(super) struct Hop {
+    pub node: NodeId,
+    pub message: Arc<Message>,
+    pub users: Vec<UserId>,
+    pub addressed: Addressed,
+}
+
+/// How many failed hops wait to be asked again, against their cap.
+pub(super) struct HopRetries {
+    waiting: Arc<AtomicUsize>,
+    max_waiting: usize,
+    retry_for: Duration,
+}
+
+/// One waiting hop's place; given back when dropped.
+struct Place(Arc<AtomicUsize>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl HopRetries {
+    pub fn new(retry_for: Duration, max_waiting: usize) -> Self {
+        Self { waiting: Arc::default(), max_waiting, retry_for }
+    }
+
+    /// Hops waiting now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// A place for one more hop, unless retries are off or every place is taken.
+    fn place(&self) -> Option<Place> {
+        if self.retry_for.is_zero() {
+            return None;
+        }
+        self.waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |waiting| {
+                (waiting < self.max_waiting).then_some(waiting + 1)
+            })
+            .ok()
+            .map(|_| Place(Arc::clone(&self.waiting)))
+    }
+}
+
+impl Delivery {
+    /// Asks `hop`'s node again, in the background, until it answers, the time runs out or
+    /// the node leaves the cluster.
+    pub(super) fn retry_hop(self: &Arc<Self>, hop: Hop) {
+        let Some(place) = self.hops.place() else {
+            if !self.hops.retry_for.is_zero() {
+                metrics::counter!("herald_delivery_hop_retries_total", "outcome" => "overflow").increment(1);
+            }
+            return;
+        };
+        let delivery = Arc::clone(self);
+        let schedule = ExponentialBuilder::new()
+            .with_min_delay(FIRST_WAIT)
+            .with_max_delay(LONGEST_WAIT)
+            .with_jitter()
+            .without_max_times()
+            .with_total_delay(Some(self.hops.retry_for.saturating_sub(FIRST_WAIT)));
+        tokio::spawn(async move {
+            let _place = place;
+            tokio::time::sleep(FIRST_WAIT).await;
+            let bus = &delivery.reach.bus;
+            let still_member = |_: &BusError| bus.peers().contains(&hop.node);
+            let ask = || bus.deliver(hop.node, Arc::clone(&hop.message), hop.users.clone(), hop.addressed);
+            let outcome = if bus.peers().contains(&hop.node) {
+                ask.retry(schedule).sleep(tokio::time::sleep).when(still_member).await
+            } else {
+                Err(BusError::Unreachable(hop.node))
+            };
+            let outcome = match outcome {
+                Ok(()) => "delivered",
+                Err(error) => {
+                    static GIVEN_UP: Throttle = Throttle::new();
+                    if let Some(suppressed) = GIVEN_UP.allow() {
+                        tracing::warn!(%error, suppressed, "a node holding recipients was not reached in time; they sync");
+                    }
+                    "given_up"
+                }
+            };
+            metrics::counter!("herald_delivery_hop_retries_total", "outcome" => outcome).increment(1);
+        });
+    }
+}
