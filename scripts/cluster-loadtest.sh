@@ -13,7 +13,8 @@
 # (send→deliver latency, same-node and cross-node pairs apart; by
 # default 1,500 msgs/s, which this 2-core box carries with three nodes, and 5,000, the
 # target's rate) and as fast as possible (throughput). Prints the route cache's hit rate
-# under load, and how long each step of a send took on one node (herald_send_stage_seconds,
+# under load, how often delivery fell back (fan-outs sent to every node, failed hops asked
+# again or not, herald_delivery_unrouted_total and _hop_retries_total), how long each step of a send took on one node (herald_send_stage_seconds,
 # herald_cluster_peer_request_seconds, herald_redis_call_seconds) and the CPU each program
 # used.
 #
@@ -77,19 +78,35 @@ start_cluster() {
     done
 }
 
-# The route cache's hit rate, summed over the nodes' /metrics, since the last call (a new
-# cluster's counters start at zero, and so does the baseline, set below).
-cache_hit_rate() {
-    local count=$1 hits=0 misses=0
+# Counters summed over the nodes' /metrics, since the last call (a new cluster's counters
+# start at zero, and the loop removes the baseline when it starts one): the route
+# cache's hit rate, and how often delivery fell back — fan-outs sent to every node because
+# the route table could not be read, and failed hops asked again, by outcome.
+cluster_counters() {
+    local count=$1
     for ((i = 0; i < count; i++)); do
-        local metrics
-        metrics=$(curl -sf "http://127.0.0.1:$((7400 + 10 * i))/metrics")
-        hits=$((hits + $(echo "$metrics" | awk '/^herald_route_cache_hits_total/{s+=$2} END{printf "%d", s}')))
-        misses=$((misses + $(echo "$metrics" | awk '/^herald_route_cache_misses_total/{s+=$2} END{printf "%d", s}')))
-    done
-    python3 -c "h,m=$((hits - cache_hits_before)),$((misses - cache_misses_before)); print(f'route cache over this run: {h} hits, {m} misses, hit rate {100*h/max(h+m,1):.1f} %')"
-    cache_hits_before=$hits
-    cache_misses_before=$misses
+        curl -sf "http://127.0.0.1:$((7400 + 10 * i))/metrics"
+    done | python3 -c '
+import json, os, re, sys
+state = sys.argv[1]
+now = {}
+for line in sys.stdin:
+    m = re.match(r"(herald_route_cache_(?:hits|misses)_total|herald_delivery_unrouted_total|herald_delivery_hop_retries_total[{][^}]*[}]) (\S+)", line)
+    if m:
+        now[m[1]] = now.get(m[1], 0) + float(m[2])
+before = json.load(open(state)) if os.path.exists(state) else {}
+json.dump(now, open(state, "w"))
+d = {k: v - before.get(k, 0) for k, v in now.items()}
+h, m = d.get("herald_route_cache_hits_total", 0), d.get("herald_route_cache_misses_total", 0)
+print(f"route cache over this run: {h:.0f} hits, {m:.0f} misses, hit rate {100 * h / max(h + m, 1):.1f} %")
+hops = []
+for k, v in sorted(d.items()):
+    if "hop_retries" in k:
+        hops.append(k.split("\"")[1] + f" {v:.0f}")
+unrouted = d.get("herald_delivery_unrouted_total", 0)
+print(f"fallbacks over this run: {unrouted:.0f} fan-outs sent to every node (route table unreadable); "
+      + "failed hops: " + (", ".join(hops) or "none"))
+' "$work/counters.json"
 }
 
 # p50 / p99 of each step of a send on the first node over the last minute (summaries).
@@ -139,8 +156,7 @@ PY
 say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; PostgreSQL and Redis and the load generator on the same box"
 for nodes in 1 3; do
     start_cluster "$nodes" "n$nodes"
-    cache_hits_before=0
-    cache_misses_before=0
+    rm -f "$work/counters.json"
     share=()
     [ "$nodes" -gt 1 ] && share=(--cross-node-share 0.5)
     for rate in ${STEADY_RATES:-1500 5000}; do
@@ -153,11 +169,12 @@ for nodes in 1 3; do
         wait $!
         cat "$work/cpu"
         stage_times
-        cache_hit_rate "$nodes"
+        cluster_counters "$nodes"
     done
     say "$nodes node(s): 1,000 users, as fast as possible"
     report_flags "n$nodes-max"
     target/release/herald-loadgen --url "$urls" "${share[@]}" --users 1000 --duration 10s --quiet "${report[@]}" "$@"
+    cluster_counters "$nodes"
     stop_nodes
 done
 [ -z "${REPORT:-}" ] || say "reports: $REPORT/*/index.html"

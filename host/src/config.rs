@@ -113,8 +113,9 @@ pub struct DeliveryConfig {
     pub dedup_max_marks: u64,
     /// How often the node samples its health and asks the degrade hook for a tier, in ms.
     pub degrade_interval_ms: u64,
-    /// Cluster mode: how long a `deliver` another node could not be asked (its link broke,
-    /// or it did not answer in time) is asked again in the background, in ms: first after
+    /// Cluster mode: how long a `deliver` that never reached another node (its link broke
+    /// or could not be opened, its breaker is open) is asked again in the background, in
+    /// ms (one that went out and was not answered in time is not): first after
     /// 100 ms, the wait doubling to 2 s, while that node is still a member. 0 asks once
     /// only; its devices then get the message at their next sync or reconnect.
     pub hop_retry_for_ms: u64,

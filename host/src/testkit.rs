@@ -414,8 +414,9 @@ pub struct RecordingBus {
     calls: Mutex<Vec<BusCall>>,
     /// What [`NodeBus::peers`] answers.
     peers: Mutex<Vec<NodeId>>,
-    /// How many more `deliver`s to each node fail (unrecorded), as a broken link would.
-    failing: Mutex<HashMap<NodeId, u32>>,
+    /// How many more `deliver`s to each node fail (unrecorded), and whether late (past
+    /// their deadline) rather than never sent (a broken link).
+    failing: Mutex<HashMap<NodeId, (u32, bool)>>,
 }
 
 impl RecordingBus {
@@ -429,9 +430,16 @@ impl RecordingBus {
         *self.peers.lock().unwrap_or_else(|p| p.into_inner()) = peers.to_vec();
     }
 
-    /// The next `times` `deliver`s to `node` fail, and are not recorded.
+    /// The next `times` `deliver`s to `node` fail as over a broken link, and are not
+    /// recorded.
     pub fn fail_deliveries(&self, node: NodeId, times: u32) {
-        self.failing.lock().unwrap_or_else(|p| p.into_inner()).insert(node, times);
+        self.failing.lock().unwrap_or_else(|p| p.into_inner()).insert(node, (times, false));
+    }
+
+    /// The next `times` `deliver`s to `node` are not answered in time ([`BusError::Late`]),
+    /// and are not recorded.
+    pub fn time_out_deliveries(&self, node: NodeId, times: u32) {
+        self.failing.lock().unwrap_or_else(|p| p.into_inner()).insert(node, (times, true));
     }
 
     /// Every call, in order.
@@ -475,9 +483,13 @@ impl NodeBus for RecordingBus {
         users: Vec<UserId>,
         addressed: Addressed,
     ) -> Result<(), BusError> {
-        if let Some(left @ 1..) = self.failing.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&node) {
+        if let Some((left @ 1.., late)) = self.failing.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&node) {
             *left -= 1;
-            return Err(BusError::Failed { node, reason: "the link broke".to_owned() });
+            return Err(if *late {
+                BusError::Late { node, reason: "no answer within 500ms".to_owned() }
+            } else {
+                BusError::Failed { node, reason: "the link broke".to_owned() }
+            });
         }
         self.record(BusCall::Deliver { node, message, users, addressed });
         Ok(())

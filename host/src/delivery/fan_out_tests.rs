@@ -483,3 +483,17 @@ async fn failed_hops_wait_only_up_to_their_cap() {
     kit.delivery.fan_out(message("dm:alice:bob", 7, "alice", "phone")).await;
     assert_eq!(kit.delivery.waiting_hops(), 0, "retries off");
 }
+
+/// A hop that went out and was not answered in time is not asked again: the node most
+/// likely pushed it late, being overloaded, and a second copy would add to its load.
+#[tokio::test]
+async fn a_hop_not_answered_in_time_is_not_asked_again() {
+    let two = NodeId(THIS_NODE.0 + 1);
+    let (kit, bus) = kit_asking_again(&[two], 60_000, 100).await;
+    logged_in_on(&kit, "bob", "tablet", two).await;
+    bus.time_out_deliveries(two, 1);
+
+    kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
+
+    assert_eq!(kit.delivery.waiting_hops(), 0, "nothing waits to be asked again");
+}

@@ -1,8 +1,13 @@
-//! Hops asked again: a `deliver` another node could not be asked — its link broke, it did
-//! not answer within the request deadline, its breaker is open — is asked again in the
-//! background, so a device that stays connected to that node still gets the message live.
-//! Without it, the device would get the message only at its next sync or reconnect, and a
-//! live connection makes neither.
+//! Hops asked again: a `deliver` another node was not asked — its link broke, or could not
+//! be opened, its breaker is open — is asked again in the background, so a device that
+//! stays connected to that node still gets the message live. Without it, the device would
+//! get the message only at its next sync or reconnect, and a live connection makes neither.
+//!
+//! A hop that went out and was not answered in time ([`BusError::may_have_landed`]) is not
+//! asked again: the node most likely pushed it late, and it is late because it is
+//! overloaded (or paused), which a second copy of every late hop would only make worse. In
+//! three-node runs flat out on a 2-core box, hundreds to thousands of hops a run timed out
+//! so; each would have been sent twice.
 //!
 //! The first wait is [`FIRST_WAIT`], doubling (with jitter) up to [`LONGEST_WAIT`], for at
 //! most `delivery.hop_retry_for_ms` in all, and only while that node is still a member: a
@@ -15,7 +20,9 @@
 //! seq order, never waits for them.
 //!
 //! Counter: `herald_delivery_hop_retries_total{outcome}` — `delivered` (a retry got
-//! through), `given_up` (the time ran out, or the node left), `overflow` (too many waiting).
+//! through), `given_up` (the time ran out, the node left, or a retry went out and was not
+//! answered in time), `overflow` (too many waiting), `late` (not asked again: the first ask
+//! went out and was not answered in time).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -83,8 +90,12 @@ impl HopRetries {
 
 impl Delivery {
     /// Asks `hop`'s node again, in the background, until it answers, the time runs out or
-    /// the node leaves the cluster.
-    pub(super) fn retry_hop(self: &Arc<Self>, hop: Hop) {
+    /// the node leaves the cluster — unless `error` says the first ask may have landed.
+    pub(super) fn retry_hop(self: &Arc<Self>, hop: Hop, error: &BusError) {
+        if error.may_have_landed() {
+            metrics::counter!("herald_delivery_hop_retries_total", "outcome" => "late").increment(1);
+            return;
+        }
         let Some(place) = self.hops.place() else {
             if !self.hops.retry_for.is_zero() {
                 metrics::counter!("herald_delivery_hop_retries_total", "outcome" => "overflow").increment(1);
@@ -102,10 +113,10 @@ impl Delivery {
             let _place = place;
             tokio::time::sleep(FIRST_WAIT).await;
             let bus = &delivery.reach.bus;
-            let still_member = |_: &BusError| bus.peers().contains(&hop.node);
+            let worth_asking = |error: &BusError| !error.may_have_landed() && bus.peers().contains(&hop.node);
             let ask = || bus.deliver(hop.node, Arc::clone(&hop.message), hop.users.clone(), hop.addressed);
             let outcome = if bus.peers().contains(&hop.node) {
-                ask.retry(schedule).sleep(tokio::time::sleep).when(still_member).await
+                ask.retry(schedule).sleep(tokio::time::sleep).when(worth_asking).await
             } else {
                 Err(BusError::Unreachable(hop.node))
             };

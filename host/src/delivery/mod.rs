@@ -249,13 +249,14 @@ impl Delivery {
             }
         });
         for (error, hop) in join_all(hops).await.into_iter().filter_map(Result::err) {
-            // Stored, so nothing is lost: the hop is asked again in the background, and
-            // past that those devices get it when they next sync or reconnect.
+            // Stored, so nothing is lost: a hop that never reached the node is asked again
+            // in the background, and past that those devices get it when they next sync
+            // or reconnect.
             static NODE_DOWN: Throttle = Throttle::new();
             if let Some(suppressed) = NODE_DOWN.allow() {
-                tracing::warn!(%error, suppressed, "a node holding recipients could not be reached; asking again");
+                tracing::warn!(%error, suppressed, "a node holding recipients could not be reached");
             }
-            self.retry_hop(hop);
+            self.retry_hop(hop, &error);
         }
         registered!(counter, "herald_delivery_fanouts_total").increment(1);
     }

@@ -49,6 +49,18 @@ pub enum BusError {
     Unreachable(NodeId),
     #[error("node {node} did not answer: {reason}")]
     Failed { node: NodeId, reason: String },
+    /// The request went out but its answer did not come within the deadline: the node may
+    /// well have carried it out, late (overloaded, paused).
+    #[error("node {node} did not answer in time: {reason}")]
+    Late { node: NodeId, reason: String },
+}
+
+impl BusError {
+    /// Whether the node may have carried the request out: only a late answer leaves that
+    /// open; every other failure means it was never asked, or its link broke first.
+    pub fn may_have_landed(&self) -> bool {
+        matches!(self, Self::Late { .. })
+    }
 }
 
 /// Why a node is asked to push a message to some of its devices.

@@ -217,7 +217,7 @@ impl PeerBus {
             Ok(Err(error)) => (Err(error), "failed", Some(false)),
             Err(_) => {
                 let reason = format!("node {node} did not answer {} within {deadline:?}", kind.name());
-                (Err(BusError::Failed { node, reason }), "timeout", Some(false))
+                (Err(BusError::Late { node, reason }), "timeout", Some(false))
             }
         };
         match answered {
