@@ -275,7 +275,8 @@ impl Pair {
     }
 }
 
-/// Asserts `error` is a [`BusError::Failed`] for `node` whose reason contains `needle`.
+/// Asserts `error` is a [`BusError::Failed`] for `node` whose reason contains `needle`:
+/// the request never reached the peer, or its link broke.
 fn assert_failed(error: &BusError, node: NodeId, needle: &str) {
     match error {
         BusError::Failed { node: failed, reason } => {
@@ -284,6 +285,20 @@ fn assert_failed(error: &BusError, node: NodeId, needle: &str) {
         }
         other => panic!("expected a failure mentioning {needle:?}, got {other:?}"),
     }
+    assert!(!error.may_have_landed());
+}
+
+/// Asserts `error` is a [`BusError::Late`] for `node` whose reason contains `needle`: the
+/// request went out and its answer did not come in time.
+fn assert_late(error: &BusError, node: NodeId, needle: &str) {
+    match error {
+        BusError::Late { node: late, reason } => {
+            assert_eq!(*late, node, "{reason}");
+            assert!(reason.contains(needle), "{needle:?} not in {reason:?}");
+        }
+        other => panic!("expected a late answer mentioning {needle:?}, got {other:?}"),
+    }
+    assert!(error.may_have_landed());
 }
 
 #[tokio::test]
@@ -564,7 +579,7 @@ async fn a_peer_that_keeps_timing_out_opens_its_breaker_then_calls_fail_at_once_
     pair.recorder.sends.send_replace(false);
     for rid in 1..=3 {
         let error = pair.bus.forward_send(CALLED, send_request(rid, 0)).await.expect_err("no answer");
-        assert_failed(&error, CALLED, "did not answer forward_send within 200ms");
+        assert_late(&error, CALLED, "did not answer forward_send within 200ms");
     }
     assert_eq!(breaker_of(&pair.bus).state, BreakerState::Open);
     let error = pair.bus.forward_send(CALLED, send_request(4, 0)).await.expect_err("not even sent");

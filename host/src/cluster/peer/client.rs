@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -191,8 +192,13 @@ impl PeerBus {
         }
         // The inner result is the peer's answer: a refusal is an answer, and says nothing
         // against the link.
+        // Whether the request was handed to an open link: a deadline that passes after that
+        // leaves open whether the peer carried it out; one that passes while the link is
+        // still being opened does not.
+        let handed_over = AtomicBool::new(false);
         let exchange = async {
             let link = self.link(node, &peer).await?;
+            handed_over.store(true, Ordering::Relaxed);
             match link.call(request).await {
                 Ok(Some(Outcome::Failure(Failure { message, .. }))) => {
                     Ok(Err(BusError::Failed { node, reason: format!("node {node} refused the request: {message}") }))
@@ -217,7 +223,12 @@ impl PeerBus {
             Ok(Err(error)) => (Err(error), "failed", Some(false)),
             Err(_) => {
                 let reason = format!("node {node} did not answer {} within {deadline:?}", kind.name());
-                (Err(BusError::Late { node, reason }), "timeout", Some(false))
+                let error = if handed_over.load(Ordering::Relaxed) {
+                    BusError::Late { node, reason }
+                } else {
+                    BusError::Failed { node, reason }
+                };
+                (Err(error), "timeout", Some(false))
             }
         };
         match answered {
