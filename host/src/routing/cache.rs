@@ -14,7 +14,10 @@
 //!   returns — the gateway starts the device's backfill only after that, so a fan-out that
 //!   still used an old entry did so for a message stored before the backfill read it;
 //! - a lookup that raced with a change does not store what it read: every change bumps a
-//!   counter, and an answer read while the counter moved is used once and not kept.
+//!   counter of its users' stripe (users hashed into [`STRIPES`] of them), and a user's
+//!   answer read while that stripe's counter moved is used once and not kept (one counter
+//!   for the whole node threw away every answer in flight at each login anywhere in the
+//!   cluster).
 //!
 //! A logout elsewhere is not announced. An entry still naming the closed connection costs
 //! one delivery: the node that held the connection finds no session for it, removes the
@@ -22,6 +25,7 @@
 //! ([`forget_stale`](RouteTable::forget_stale)), so every node drops its entry then, not
 //! at the TTL.
 
+use std::hash::BuildHasher as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -57,13 +61,23 @@ impl CacheCounts {
     }
 }
 
+/// How many change counters the users are spread over: two users share one with odds of
+/// 1 in 1,024, and then a change of one only keeps the other's racing lookup from being
+/// stored (8 KiB).
+pub const STRIPES: usize = 1_024;
+
 /// A [`RouteTable`] that remembers lookups of `inner` for a short time.
 pub struct CachedRoutes {
     inner: Arc<dyn RouteTable>,
     /// user → their routes (empty: no device connected).
     entries: Cache<UserId, Arc<[Route]>, Keyed>,
-    /// Bumped by every change seen here; a lookup stores its answer only if it did not move.
-    changes: AtomicU64,
+    /// Bumped when every entry is dropped; a lookup stores nothing if it moved.
+    cleared: AtomicU64,
+    /// Bumped by every change of a user of the stripe; a lookup stores a user's answer only
+    /// if its stripe's did not move.
+    changes: Box<[AtomicU64]>,
+    /// Which stripe a user is in.
+    striping: Keyed,
     /// Set once the node bus exists (it is built after the route table).
     peers: std::sync::OnceLock<Arc<dyn RouteChanges>>,
     counts: CacheCounts,
@@ -76,7 +90,9 @@ impl CachedRoutes {
         Self {
             inner,
             entries,
-            changes: AtomicU64::new(0),
+            cleared: AtomicU64::new(0),
+            changes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            striping: Keyed::default(),
             peers: std::sync::OnceLock::new(),
             counts: CacheCounts::default(),
         }
@@ -89,16 +105,21 @@ impl CachedRoutes {
 
     /// Drops every entry (the members changed: entries may name a node that is gone).
     pub fn clear(&self) {
-        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.cleared.fetch_add(1, Ordering::SeqCst);
         self.entries.invalidate_all();
     }
 
     /// Drops the entries of `users` (another node saw them log in).
     pub fn invalidate(&self, users: &[UserId]) {
-        self.changes.fetch_add(1, Ordering::SeqCst);
         for user in users {
+            self.changes_of(user).fetch_add(1, Ordering::SeqCst);
             self.entries.invalidate(user);
         }
+    }
+
+    /// The change counter of `user`'s stripe.
+    fn changes_of(&self, user: &UserId) -> &AtomicU64 {
+        &self.changes[(self.striping.hash_one(user) % STRIPES as u64) as usize]
     }
 
     /// Drops the entries of `users` here and on every other node, waiting for their answers
@@ -160,12 +181,13 @@ impl RouteTable for CachedRoutes {
         if missing.is_empty() {
             return Ok(found);
         }
-        let before = self.changes.load(Ordering::SeqCst);
+        let cleared = self.cleared.load(Ordering::SeqCst);
+        let before: Vec<u64> = missing.iter().map(|user| self.changes_of(user).load(Ordering::SeqCst)).collect();
         let mut looked_up = self.inner.devices_of(&missing).await?;
-        let keep = self.changes.load(Ordering::SeqCst) == before;
-        for user in missing {
+        let none_cleared = self.cleared.load(Ordering::SeqCst) == cleared;
+        for (user, before) in missing.into_iter().zip(before) {
             let routes = looked_up.remove(&user).unwrap_or_default();
-            if keep {
+            if none_cleared && self.changes_of(&user).load(Ordering::SeqCst) == before {
                 self.entries.insert(user.clone(), routes.clone().into());
             }
             if !routes.is_empty() {
@@ -321,5 +343,53 @@ mod tests {
         slow.gate.notify_one();
         let fresh = cached.devices_of(&[user("cy")]).await.expect("lookup");
         assert_eq!(fresh[&user("cy")].len(), 1, "but did not keep it: the next lookup reads the table again");
+    }
+
+    /// A change of another user (one of another stripe) says nothing about the answer read
+    /// meanwhile, which is kept.
+    #[tokio::test]
+    async fn an_answer_read_while_another_user_changed_is_kept() {
+        let slow = Arc::new(Slow { inner: MemoryRouteTable::default(), gate: tokio::sync::Notify::new() });
+        let cached = Arc::new(CachedRoutes::new(Arc::clone(&slow) as _, Duration::from_secs(60), 1000));
+        slow.inner.login(route("cy", "phone", 2, 3)).await.expect("login");
+        let other = (0..)
+            .map(|n| user(&format!("other{n}")))
+            .find(|other| !std::ptr::eq(cached.changes_of(other), cached.changes_of(&user("cy"))))
+            .expect("a user of another stripe");
+        let lookup = tokio::spawn({
+            let cached = Arc::clone(&cached);
+            async move { cached.devices_of(&[user("cy")]).await }
+        });
+        tokio::task::yield_now().await;
+        cached.invalidate(&[other]);
+        slow.gate.notify_one();
+        assert_eq!(lookup.await.expect("no panic").expect("lookup")[&user("cy")].len(), 1);
+        let misses = cached.counts().misses.load(Ordering::Relaxed);
+
+        // Answered from the cache: the table's lookups wait for the gate, which stays shut.
+        let again = tokio::time::timeout(Duration::from_secs(5), cached.devices_of(&[user("cy")]))
+            .await
+            .expect("answered from the cache, not the table")
+            .expect("lookup");
+        assert_eq!(again[&user("cy")].len(), 1);
+        assert_eq!(cached.counts().misses.load(Ordering::Relaxed), misses, "a hit: the answer was kept");
+    }
+
+    #[tokio::test]
+    async fn clearing_keeps_no_answer_read_meanwhile() {
+        let slow = Arc::new(Slow { inner: MemoryRouteTable::default(), gate: tokio::sync::Notify::new() });
+        let cached = Arc::new(CachedRoutes::new(Arc::clone(&slow) as _, Duration::from_secs(60), 1000));
+        let lookup = tokio::spawn({
+            let cached = Arc::clone(&cached);
+            async move { cached.devices_of(&[user("cy")]).await }
+        });
+        tokio::task::yield_now().await;
+        cached.clear();
+        slow.gate.notify_one();
+        lookup.await.expect("no panic").expect("lookup");
+        let misses = cached.counts().misses.load(Ordering::Relaxed);
+        slow.gate.notify_one();
+        cached.devices_of(&[user("cy")]).await.expect("lookup");
+        assert_eq!(cached.counts().misses.load(Ordering::Relaxed), misses + 1, "looked up again");
     }
 }
