@@ -480,7 +480,7 @@ impl NodeBus for RecordingBus {
         &self,
         node: NodeId,
         message: Arc<Message>,
-        users: Vec<UserId>,
+        users: &[UserId],
         addressed: Addressed,
     ) -> Result<(), BusError> {
         if let Some((left @ 1.., late)) = self.failing.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&node) {
@@ -491,7 +491,7 @@ impl NodeBus for RecordingBus {
                 BusError::Failed { node, reason: "the link broke".to_owned() }
             });
         }
-        self.record(BusCall::Deliver { node, message, users, addressed });
+        self.record(BusCall::Deliver { node, message, users: users.to_vec(), addressed });
         Ok(())
     }
 

@@ -25,10 +25,10 @@
 //! went out and was not answered in time).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable as _};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Delivery;
 use crate::model::{Message, NodeId, UserId};
@@ -48,43 +48,32 @@ pub(super) struct Hop {
     pub addressed: Addressed,
 }
 
-/// How many failed hops wait to be asked again, against their cap.
+/// The failed hops waiting to be asked again: a permit each, at most
+/// `delivery.hop_retry_max_pending`.
 pub(super) struct HopRetries {
-    waiting: Arc<AtomicUsize>,
+    places: Arc<Semaphore>,
     max_waiting: usize,
     retry_for: Duration,
 }
 
-/// One waiting hop's place; given back when dropped.
-struct Place(Arc<AtomicUsize>);
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 impl HopRetries {
     pub fn new(retry_for: Duration, max_waiting: usize) -> Self {
-        Self { waiting: Arc::default(), max_waiting, retry_for }
+        let max_waiting = max_waiting.min(Semaphore::MAX_PERMITS);
+        Self { places: Arc::new(Semaphore::new(max_waiting)), max_waiting, retry_for }
     }
 
     /// Hops waiting now.
     pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+        self.max_waiting - self.places.available_permits()
     }
 
-    /// A place for one more hop, unless retries are off or every place is taken.
-    fn place(&self) -> Option<Place> {
+    /// A place for one more hop, given back when dropped; none when retries are off or
+    /// every place is taken.
+    fn place(&self) -> Option<OwnedSemaphorePermit> {
         if self.retry_for.is_zero() {
             return None;
         }
-        self.waiting
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |waiting| {
-                (waiting < self.max_waiting).then_some(waiting + 1)
-            })
-            .ok()
-            .map(|_| Place(Arc::clone(&self.waiting)))
+        Arc::clone(&self.places).try_acquire_owned().ok()
     }
 }
 
@@ -113,9 +102,10 @@ impl Delivery {
             let _place = place;
             tokio::time::sleep(FIRST_WAIT).await;
             let bus = &delivery.reach.bus;
-            let worth_asking = |error: &BusError| !error.may_have_landed() && bus.peers().contains(&hop.node);
-            let ask = || bus.deliver(hop.node, Arc::clone(&hop.message), hop.users.clone(), hop.addressed);
-            let outcome = if bus.peers().contains(&hop.node) {
+            let still_member = || bus.peers().contains(&hop.node);
+            let ask = || bus.deliver(hop.node, Arc::clone(&hop.message), &hop.users, hop.addressed);
+            let outcome = if still_member() {
+                let worth_asking = |error: &BusError| !error.may_have_landed() && still_member();
                 ask.retry(schedule).sleep(tokio::time::sleep).when(worth_asking).await
             } else {
                 Err(BusError::Unreachable(hop.node))

@@ -244,7 +244,7 @@ impl Delivery {
             let message = Arc::clone(&message);
             async move {
                 let users: Vec<UserId> = users.into_iter().collect();
-                let outcome = self.reach.bus.deliver(node, Arc::clone(&message), users.clone(), addressed).await;
+                let outcome = self.reach.bus.deliver(node, Arc::clone(&message), &users, addressed).await;
                 outcome.map_err(|error| (error, Hop { node, message, users, addressed }))
             }
         });

@@ -85,7 +85,7 @@ pub trait NodeBus: Send + Sync + 'static {
         &self,
         node: NodeId,
         message: Arc<Message>,
-        users: Vec<UserId>,
+        users: &[UserId],
         addressed: Addressed,
     ) -> Result<(), BusError>;
     /// Has each of `nodes` push a room message to its subscribers of the room.
@@ -117,7 +117,7 @@ impl NodeBus for LocalBus {
         &self,
         node: NodeId,
         _message: Arc<Message>,
-        _users: Vec<UserId>,
+        _users: &[UserId],
         _addressed: Addressed,
     ) -> Result<(), BusError> {
         Err(BusError::Unreachable(node))

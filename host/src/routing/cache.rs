@@ -325,15 +325,30 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn an_answer_read_while_a_change_landed_is_not_kept() {
+    /// A cache over a [`Slow`] table, for a minute.
+    fn slow_cache() -> (Arc<Slow>, Arc<CachedRoutes>) {
         let slow = Arc::new(Slow { inner: MemoryRouteTable::default(), gate: tokio::sync::Notify::new() });
         let cached = Arc::new(CachedRoutes::new(Arc::clone(&slow) as _, Duration::from_secs(60), 1000));
+        (slow, cached)
+    }
+
+    /// Starts a lookup of cy through `cached` and lets it run until it waits at the table's
+    /// gate, so that a change can land while it is under way.
+    async fn cy_looked_up_meanwhile(
+        cached: &Arc<CachedRoutes>,
+    ) -> tokio::task::JoinHandle<Result<HashMap<UserId, Vec<Route>>, RouteError>> {
         let lookup = tokio::spawn({
-            let cached = Arc::clone(&cached);
+            let cached = Arc::clone(cached);
             async move { cached.devices_of(&[user("cy")]).await }
         });
         tokio::task::yield_now().await;
+        lookup
+    }
+
+    #[tokio::test]
+    async fn an_answer_read_while_a_change_landed_is_not_kept() {
+        let (slow, cached) = slow_cache();
+        let lookup = cy_looked_up_meanwhile(&cached).await;
         // cy logs in on another node while the lookup (which read "no device") is under way.
         slow.inner.login(route("cy", "phone", 2, 3)).await.expect("login");
         cached.invalidate(&[user("cy")]);
@@ -349,18 +364,13 @@ mod tests {
     /// meanwhile, which is kept.
     #[tokio::test]
     async fn an_answer_read_while_another_user_changed_is_kept() {
-        let slow = Arc::new(Slow { inner: MemoryRouteTable::default(), gate: tokio::sync::Notify::new() });
-        let cached = Arc::new(CachedRoutes::new(Arc::clone(&slow) as _, Duration::from_secs(60), 1000));
+        let (slow, cached) = slow_cache();
         slow.inner.login(route("cy", "phone", 2, 3)).await.expect("login");
         let other = (0..)
             .map(|n| user(&format!("other{n}")))
             .find(|other| !std::ptr::eq(cached.changes_of(other), cached.changes_of(&user("cy"))))
             .expect("a user of another stripe");
-        let lookup = tokio::spawn({
-            let cached = Arc::clone(&cached);
-            async move { cached.devices_of(&[user("cy")]).await }
-        });
-        tokio::task::yield_now().await;
+        let lookup = cy_looked_up_meanwhile(&cached).await;
         cached.invalidate(&[other]);
         slow.gate.notify_one();
         assert_eq!(lookup.await.expect("no panic").expect("lookup")[&user("cy")].len(), 1);
@@ -377,13 +387,8 @@ mod tests {
 
     #[tokio::test]
     async fn clearing_keeps_no_answer_read_meanwhile() {
-        let slow = Arc::new(Slow { inner: MemoryRouteTable::default(), gate: tokio::sync::Notify::new() });
-        let cached = Arc::new(CachedRoutes::new(Arc::clone(&slow) as _, Duration::from_secs(60), 1000));
-        let lookup = tokio::spawn({
-            let cached = Arc::clone(&cached);
-            async move { cached.devices_of(&[user("cy")]).await }
-        });
-        tokio::task::yield_now().await;
+        let (slow, cached) = slow_cache();
+        let lookup = cy_looked_up_meanwhile(&cached).await;
         cached.clear();
         slow.gate.notify_one();
         lookup.await.expect("no panic").expect("lookup");

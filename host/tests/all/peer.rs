@@ -317,12 +317,12 @@ async fn every_bus_call_reaches_the_handler_with_exactly_what_was_given() {
 
     let ack = pair.bus.forward_send(CALLED, request.clone()).await.expect("forwarded");
     assert_eq!((ack.to, ack.rid, ack.ack), (request.origin.clone(), 12, ack_for(&request)));
-    pair.bus.deliver(CALLED, Arc::clone(&message), users.clone(), Addressed::ByRoute).await.expect("delivered");
+    pair.bus.deliver(CALLED, Arc::clone(&message), &users, Addressed::ByRoute).await.expect("delivered");
     pair.bus.publish_room(&[CALLED], Arc::clone(&message)).await.expect("published");
     pair.bus.kick(&route).await.expect("kicked");
     assert_eq!(pair.bus.lowest_in_flight(CALLED, &conversation("dm:alice:bob")).await, Ok(Some(41)));
     assert_eq!(pair.bus.lowest_in_flight(CALLED, &conversation("room:idle")).await, Ok(None));
-    pair.bus.deliver(CALLED, Arc::clone(&message), users.clone(), Addressed::Everywhere).await.expect("delivered");
+    pair.bus.deliver(CALLED, Arc::clone(&message), &users, Addressed::Everywhere).await.expect("delivered");
 
     let calls = pair.recorder.calls();
     assert_eq!(calls.len(), 7, "{calls:?}");
@@ -383,7 +383,7 @@ async fn a_slow_send_does_not_hold_up_a_delivery_on_the_same_link() {
         async move { bus.forward_send(CALLED, send_request(1, 0)).await }
     });
     assert_eq!(tokio::time::timeout(WAIT, pair.watch.started.recv()).await.expect("the send starts"), Some(1));
-    bus.deliver(CALLED, Arc::new(message()), vec![user("bob")], Addressed::ByRoute)
+    bus.deliver(CALLED, Arc::new(message()), &[user("bob")], Addressed::ByRoute)
         .await
         .expect("delivered while the send waits");
     assert!(!slow.is_finished(), "the send was held, yet answered");
@@ -398,11 +398,8 @@ async fn a_caller_with_the_wrong_secret_is_refused_and_the_handler_never_called(
     let error = pair.bus.forward_send(CALLED, send_request(1, 0)).await.expect_err("refused");
     assert_failed(&error, CALLED, "cluster.secret");
     // Later calls are refused without another attempt, still saying why.
-    let error = pair
-        .bus
-        .deliver(CALLED, Arc::new(message()), vec![user("bob")], Addressed::ByRoute)
-        .await
-        .expect_err("refused");
+    let error =
+        pair.bus.deliver(CALLED, Arc::new(message()), &[user("bob")], Addressed::ByRoute).await.expect_err("refused");
     assert_failed(&error, CALLED, "cluster.secret");
     assert!(pair.recorder.calls().is_empty(), "{:?}", pair.recorder.calls());
 }
@@ -417,7 +414,7 @@ async fn a_node_without_an_address_is_unreachable() {
         Err(BusError::Unreachable(nowhere))
     );
     assert_eq!(
-        pair.bus.deliver(nowhere, Arc::clone(&message), vec![user("bob")], Addressed::ByRoute).await,
+        pair.bus.deliver(nowhere, Arc::clone(&message), &[user("bob")], Addressed::ByRoute).await,
         Err(BusError::Unreachable(nowhere))
     );
     let route = Route {
@@ -502,7 +499,7 @@ async fn a_peer_going_away_fails_its_requests_at_once_and_a_restarted_peer_is_re
     let (recorder, _watch) = Recorder::new();
     let restarted = Served::start(CALLED, secret(SECRET), Arc::clone(&recorder) as _, timeouts()).await;
     directory.set(CALLED, restarted.address);
-    bus.deliver(CALLED, Arc::new(message()), vec![user("bob")], Addressed::ByRoute)
+    bus.deliver(CALLED, Arc::new(message()), &[user("bob")], Addressed::ByRoute)
         .await
         .expect("the restarted node answers");
     assert!(matches!(recorder.calls().as_slice(), [Recorded::Deliver(..)]), "{:?}", recorder.calls());
@@ -520,7 +517,7 @@ async fn a_peer_restarted_on_the_same_address_is_reached_again() {
     tokio::spawn(
         PeerServer::new(CALLED, secret(SECRET), Arc::clone(&recorder) as _, timeouts()).serve(listener, stopped),
     );
-    bus.deliver(CALLED, Arc::new(message()), vec![user("bob")], Addressed::ByRoute).await.expect("reconnected");
+    bus.deliver(CALLED, Arc::new(message()), &[user("bob")], Addressed::ByRoute).await.expect("reconnected");
     assert!(matches!(recorder.calls().as_slice(), [Recorded::Deliver(..)]), "{:?}", recorder.calls());
 }
 
@@ -624,10 +621,8 @@ async fn a_peer_that_cannot_prove_the_secret_or_is_another_node_is_not_used() {
             stream
         });
         let bus = PeerBus::new(CALLER, secret(SECRET), directory as _, timeouts());
-        let error = bus
-            .deliver(CALLED, Arc::new(message()), vec![user("bob")], Addressed::ByRoute)
-            .await
-            .expect_err("not used");
+        let error =
+            bus.deliver(CALLED, Arc::new(message()), &[user("bob")], Addressed::ByRoute).await.expect_err("not used");
         assert_failed(&error, CALLED, expected);
         drop(impostor.await);
     }

@@ -275,10 +275,10 @@ impl NodeBus for PeerBus {
         &self,
         node: NodeId,
         message: Arc<Message>,
-        users: Vec<UserId>,
+        users: &[UserId],
         addressed: Addressed,
     ) -> Result<(), BusError> {
-        let outcome = self.call(node, Kind::Deliver, wire::deliver(&message, &users, addressed)).await?;
+        let outcome = self.call(node, Kind::Deliver, wire::deliver(&message, users, addressed)).await?;
         done(node, Kind::Deliver, outcome)
     }
 
