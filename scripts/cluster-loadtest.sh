@@ -18,7 +18,13 @@
 # herald_cluster_peer_request_seconds, herald_redis_call_seconds) and the CPU each program
 # used.
 #
-#   [STEADY_RATES="1500 5000"] [WARMUP=10] scripts/cluster-loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
+# Nodes sharing this box get a share of its cores each: HERALD_WORKER_THREADS defaults to
+# cores / nodes (at least 1), so one node runs one thread per core and three nodes on two
+# cores one each. With a thread per core each, three nodes' six threads on two cores spent
+# the time switching between them (cross-node p99 37–49 ms against 21 ms, flat out 11.7k
+# against 14.9k msgs/s); set HERALD_WORKER_THREADS to compare.
+#
+#   [STEADY_RATES="1500 5000"] [WARMUP=10] [NODES="1 3"] scripts/cluster-loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
 #   REPORT=DIR scripts/cluster-loadtest.sh     # also charts and a page per run: DIR/n<nodes>-steady-<rate>/, DIR/n<nodes>-max/
 set -euo pipefail
 # A relative REPORT is relative to where the script was started, not to the repository.
@@ -51,6 +57,12 @@ cleanup() {
 work=$(mktemp -d)
 trap cleanup EXIT
 
+# threads_per_node COUNT: this box's cores shared among COUNT nodes, at least one each.
+threads_per_node() {
+    local share=$(($(nproc) / $1))
+    echo $((share > 0 ? share : 1))
+}
+
 # start_cluster COUNT NAME: COUNT nodes (client ports 7400, 7410, …) on a fresh database.
 start_cluster() {
     local count=$1 name=$2 db="herald_bench_${run_id}_$2"
@@ -60,7 +72,7 @@ start_cluster() {
     for ((i = 0; i < count; i++)); do
         local port=$((7400 + 10 * i))
         mkdir -p "$work/$name-$i"
-        RUST_LOG=warn HERALD_STORAGE__URL="${admin%/*}/$db" HERALD_CLUSTER__REDIS_URL="$redis_url" \
+        RUST_LOG=warn HERALD_WORKER_THREADS=${HERALD_WORKER_THREADS:-$(threads_per_node "$count")} HERALD_STORAGE__URL="${admin%/*}/$db" HERALD_CLUSTER__REDIS_URL="$redis_url" \
             HERALD_CLUSTER__KEY_PREFIX="bench$run_id:$name:" HERALD_CLUSTER__PEER_LISTEN="127.0.0.1:$((port + 1))" \
             target/release/herald serve --dev --listen "127.0.0.1:$port" --data-dir "$work/$name-$i" &
         pids+=($!)
@@ -153,8 +165,8 @@ print(f"  CPU (% of one core, of {100 * os.cpu_count()}): " + ", ".join(f"{n} {p
 PY
 }
 
-say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; PostgreSQL and Redis and the load generator on the same box"
-for nodes in 1 3; do
+say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; PostgreSQL and Redis and the load generator on the same box; worker threads per node: ${HERALD_WORKER_THREADS:-cores / nodes}"
+for nodes in ${NODES:-1 3}; do
     start_cluster "$nodes" "n$nodes"
     rm -f "$work/counters.json"
     share=()

@@ -10,6 +10,8 @@
 #   HERALD_CLUSTER__REDIS_URL  the Redis (default redis://127.0.0.1:6379/0)
 #   HERALD_STORAGE__URL        the shared database (default: database herald_cluster on the
 #                              local PostgreSQL, created if missing)
+#   HERALD_WORKER_THREADS      each node's threads (default: this machine's cores shared
+#                              among the nodes, at least one each, since they share it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -59,6 +61,8 @@ stop_all() {
 trap 'stop_all; exit 0' INT TERM
 trap stop_all EXIT
 
+share=$(($(nproc) / nodes))
+export HERALD_WORKER_THREADS=${HERALD_WORKER_THREADS:-$((share > 0 ? share : 1))}
 for ((i = 0; i < nodes; i++)); do
     port=$((7070 + 10 * i))
     mkdir -p "herald-cluster/node-$i"

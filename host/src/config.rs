@@ -25,6 +25,10 @@ pub use edge::{ApiConfig, GatewayConfig};
 pub use intake::IntakeConfig;
 pub use tls::TlsConfig;
 
+/// The most `worker_threads` may name: past the cores a machine has, more threads only
+/// switch more.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
 /// A configuration that cannot be used, with what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -50,6 +54,12 @@ pub struct Config {
     /// Cluster mode leases a free one unless it is pinned here (`HERALD_NODE_ID`); a pinned
     /// id another live node holds refuses to start.
     pub node_id: Option<u32>,
+    /// Threads running this node's tasks; 0 (the default) is one per CPU core. Lower it
+    /// when several nodes share a machine: each node's idle threads are woken for every
+    /// burst of work, and on a box with fewer cores than threads in all the time goes to
+    /// switching between them (three nodes on 2 cores: cross-node p99 21 ms with one
+    /// thread each, 37–49 ms with two; README, "Benchmarks").
+    pub worker_threads: usize,
     /// The database.
     pub storage: StorageConfig,
     /// The seq allocator.
@@ -155,6 +165,7 @@ impl Default for Config {
             plugins: None,
             dev: false,
             node_id: None,
+            worker_threads: 0,
             storage: StorageConfig::default(),
             seq: SeqConfig::default(),
             gateway: GatewayConfig::default(),
@@ -360,6 +371,12 @@ impl Config {
         if let Some(node_id) = self.node_id.filter(|&id| id > u32::from(MAX_NODE_ID)) {
             return Err(ConfigError::Invalid(format!(
                 "node_id {node_id} is out of range; it must be 0..={MAX_NODE_ID}"
+            )));
+        }
+        if self.worker_threads > MAX_WORKER_THREADS {
+            return Err(ConfigError::Invalid(format!(
+                "worker_threads {} is more than {MAX_WORKER_THREADS}; 0 means one per CPU core",
+                self.worker_threads
             )));
         }
         self.validate_cluster()?;
@@ -588,6 +605,7 @@ mod tests {
         let config = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults load");
         assert_eq!(config.database_url(), "sqlite://herald-data/herald.db");
         assert_eq!(config.plugins_dir(), PathBuf::from("herald-data/plugins"));
+        assert_eq!(config.worker_threads, 0, "one thread per core");
     }
 
     #[test]
@@ -601,6 +619,7 @@ mod tests {
         let vars = env(&[
             ("HERALD_DATA_DIR", "/from/env"),
             ("HERALD_STORAGE__MAX_CONNECTIONS", "5"),
+            ("HERALD_WORKER_THREADS", "1"),
             ("HERALD_CONFIG", "ignored.toml"),
             ("HERALD_TEST_POSTGRES_URL", "ignored"),
             ("OTHER", "ignored"),
@@ -609,6 +628,7 @@ mod tests {
         let config = Config::load_from(Some(file.path()), vars, &flags).expect("loads");
         assert_eq!(config.listen.port(), 9001, "file beats default");
         assert_eq!(config.node_id, Some(3));
+        assert_eq!(config.worker_threads, 1, "a setting of the top level, from the environment");
         assert_eq!(config.storage.max_connections, 5, "env beats file");
         assert_eq!(config.seq.min_step, 2);
         assert_eq!(config.data_dir, PathBuf::from("/from/flag"), "flag beats env");
@@ -619,6 +639,12 @@ mod tests {
         let error = Config::load_from(None, env(&[("HERALD_NODE_ID", "4096")]), &Overrides::default())
             .expect_err("node id out of range");
         assert!(error.to_string().contains("node_id 4096"), "{error}");
+        let error = Config::load_from(None, env(&[("HERALD_WORKER_THREADS", "5000")]), &Overrides::default())
+            .expect_err("more threads than any machine has cores");
+        assert!(error.to_string().contains("worker_threads 5000"), "{error}");
+        let error = Config::load_from(None, env(&[("HERALD_WORKER_THREADS", "-1")]), &Overrides::default())
+            .expect_err("a negative count");
+        assert!(error.to_string().contains("worker_threads"), "{error}");
 
         let error =
             Config::load_from(None, env(&[("HERALD_LISTNE", "x")]), &Overrides::default()).expect_err("unknown key");

@@ -130,18 +130,15 @@ fn main() -> ExitCode {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")))
         .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .on_thread_park(herald_alloc::collect_when_due)
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("herald: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+    let outcome = match cli.command {
+        // The node's configuration sizes its runtime, so it is read first.
+        Command::Serve(args) => args.common.load().and_then(|config| {
+            runtime(config.worker_threads).and_then(|runtime| runtime.block_on(serve(&args, &config)))
+        }),
+        Command::Migrate(args) => runtime(0).and_then(|runtime| runtime.block_on(migrate(&args))),
+        Command::Plugin(command) => runtime(0).and_then(|runtime| runtime.block_on(plugin(command))),
     };
-    match runtime.block_on(run(cli.command)) {
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("herald: {error:#}");
@@ -150,35 +147,51 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command) -> anyhow::Result<()> {
+/// The async runtime: `worker_threads` threads, or one per core when 0. Each worker hands
+/// its idle memory back as it parks (`herald_alloc`).
+fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        builder.worker_threads(worker_threads);
+    }
+    builder
+        .enable_all()
+        .on_thread_park(herald_alloc::collect_when_due)
+        .build()
+        .map_err(|error| anyhow::anyhow!("cannot start the async runtime: {error}"))
+}
+
+/// `herald serve`: runs the node until a signal, or until it lost its cluster lease.
+async fn serve(args: &ServeArgs, config: &Config) -> anyhow::Result<()> {
+    if args.count_allocations {
+        herald_alloc::start_counting();
+    }
+    let running = server::start(config).await?;
+    let lost = tokio::select! {
+        () = shutdown_signal() => false,
+        () = running.must_stop() => true,
+    };
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    if lost {
+        anyhow::bail!(
+            "this node's cluster lease was lost (it was paused or cut off from Redis for longer than \
+             cluster.lease_ttl_ms), so it stopped rather than act for conversations another node may own now; \
+             start it again and it joins as a new member"
+        );
+    }
+    Ok(())
+}
+
+/// `herald plugin …`.
+async fn plugin(command: PluginCommand) -> anyhow::Result<()> {
     match command {
-        Command::Serve(args) => {
-            let config = args.common.load()?;
-            if args.count_allocations {
-                herald_alloc::start_counting();
-            }
-            let running = server::start(&config).await?;
-            let lost = tokio::select! {
-                () = shutdown_signal() => false,
-                () = running.must_stop() => true,
-            };
-            tracing::info!("shutting down");
-            running.shutdown().await;
-            if lost {
-                anyhow::bail!(
-                    "this node's cluster lease was lost (it was paused or cut off from Redis for longer than \
-                     cluster.lease_ttl_ms), so it stopped rather than act for conversations another node may own now; \
-                     start it again and it joins as a new member"
-                );
-            }
-            Ok(())
-        }
-        Command::Plugin(PluginCommand::Check { file }) => {
+        PluginCommand::Check { file } => {
             let report = herald_plugin_runtime::check(&file).await?;
             print_report(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        Command::Plugin(PluginCommand::Replay { plugin, recording, json }) => {
+        PluginCommand::Replay { plugin, recording, json } => {
             let report = herald_plugin_runtime::replay(&plugin, &recording).await?;
             if json {
                 print_report(&serde_json::to_string_pretty(&report)?);
@@ -190,7 +203,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 n => anyhow::bail!("{n} of {} replayed decisions differ from the recording", report.replayed),
             }
         }
-        Command::Plugin(PluginCommand::New { name, dir, sdk_path, sdk_git, sdk_rev, sdk_version }) => {
+        PluginCommand::New { name, dir, sdk_path, sdk_git, sdk_rev, sdk_version } => {
             use herald_plugin_runtime::SdkDependency;
             let sdk = match (sdk_path, sdk_git, sdk_version) {
                 (Some(path), _, _) => SdkDependency::Path(path),
@@ -206,18 +219,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Migrate(args) => {
-            let config = args.load()?;
-            let database = Database::connect(&config.database_url(), &config.storage).await?;
-            let count = database.migrate().await?;
-            eprintln!("herald: schema of {:?} database is up to date ({count} migrations)", database.backend());
-            database.close().await;
-            Ok(())
-        }
     }
 }
 
-/// The CLI's answer goes to stdout, where a script can read it.
+/// `herald migrate`.
+async fn migrate(args: &CommonArgs) -> anyhow::Result<()> {
+    let config = args.load()?;
+    let database = Database::connect(&config.database_url(), &config.storage).await?;
+    let count = database.migrate().await?;
+    eprintln!("herald: schema of {:?} database is up to date ({count} migrations)", database.backend());
+    database.close().await;
+    Ok(())
+}
+
 /// A replay report for people: what was replayed, then each difference on a few lines.
 fn replay_text(report: &herald_plugin_runtime::ReplayReport) -> String {
     use std::fmt::Write;
@@ -254,6 +268,7 @@ fn replay_text(report: &herald_plugin_runtime::ReplayReport) -> String {
     text
 }
 
+/// The CLI's answer goes to stdout, where a script can read it.
 #[allow(clippy::print_stdout, reason = "the command's output")]
 fn print_report(text: &str) {
     println!("{text}");
