@@ -414,9 +414,29 @@ pub struct RecordingBus {
     calls: Mutex<Vec<BusCall>>,
     /// What [`NodeBus::peers`] answers.
     peers: Mutex<Vec<NodeId>>,
-    /// How many more `deliver`s to each node fail (unrecorded), and whether late (past
-    /// their deadline) rather than never sent (a broken link).
-    failing: Mutex<HashMap<NodeId, (u32, bool)>>,
+    /// How many more `deliver`s and room publishes to each node fail (unrecorded), and how.
+    failing: Mutex<HashMap<NodeId, (u32, Fault)>>,
+}
+
+/// How a call a [`RecordingBus`] is told to fail fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Never sent: the link could not be opened ([`BusError::Failed`]).
+    NotSent,
+    /// Sent, then the link broke before the answer ([`BusError::Broken`]).
+    Broken,
+    /// Sent, and not answered in time ([`BusError::Late`]).
+    Late,
+}
+
+impl Fault {
+    fn error(self, node: NodeId) -> BusError {
+        match self {
+            Self::NotSent => BusError::Failed { node, reason: "cannot connect".to_owned() },
+            Self::Broken => BusError::Broken { node, reason: "the link broke".to_owned() },
+            Self::Late => BusError::Late { node, reason: "no answer within 500ms".to_owned() },
+        }
+    }
 }
 
 impl RecordingBus {
@@ -430,16 +450,18 @@ impl RecordingBus {
         *self.peers.lock().unwrap_or_else(|p| p.into_inner()) = peers.to_vec();
     }
 
-    /// The next `times` `deliver`s to `node` fail as over a broken link, and are not
-    /// recorded.
-    pub fn fail_deliveries(&self, node: NodeId, times: u32) {
-        self.failing.lock().unwrap_or_else(|p| p.into_inner()).insert(node, (times, false));
+    /// The next `times` `deliver`s and room publishes to `node` fail as `fault` says, and
+    /// are not recorded.
+    pub fn fail_calls(&self, node: NodeId, times: u32, fault: Fault) {
+        self.failing.lock().unwrap_or_else(|p| p.into_inner()).insert(node, (times, fault));
     }
 
-    /// The next `times` `deliver`s to `node` are not answered in time ([`BusError::Late`]),
-    /// and are not recorded.
-    pub fn time_out_deliveries(&self, node: NodeId, times: u32) {
-        self.failing.lock().unwrap_or_else(|p| p.into_inner()).insert(node, (times, true));
+    /// The error of the next call to `node`, if it is to fail.
+    fn fault(&self, node: NodeId) -> Option<BusError> {
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        let (left @ 1.., fault) = failing.get_mut(&node)? else { return None };
+        *left -= 1;
+        Some(fault.error(node))
     }
 
     /// Every call, in order.
@@ -483,21 +505,22 @@ impl NodeBus for RecordingBus {
         users: &[UserId],
         addressed: Addressed,
     ) -> Result<(), BusError> {
-        if let Some((left @ 1.., late)) = self.failing.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&node) {
-            *left -= 1;
-            return Err(if *late {
-                BusError::Late { node, reason: "no answer within 500ms".to_owned() }
-            } else {
-                BusError::Failed { node, reason: "the link broke".to_owned() }
-            });
+        if let Some(error) = self.fault(node) {
+            return Err(error);
         }
         self.record(BusCall::Deliver { node, message, users: users.to_vec(), addressed });
         Ok(())
     }
 
-    async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), BusError> {
-        self.record(BusCall::PublishRoom { nodes: nodes.to_vec(), message });
-        Ok(())
+    async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), Vec<BusError>> {
+        let (failed, asked): (Vec<_>, Vec<_>) =
+            nodes.iter().map(|&node| self.fault(node).ok_or(node)).partition(Result::is_ok);
+        let asked: Vec<NodeId> = asked.into_iter().filter_map(Result::err).collect();
+        if !asked.is_empty() {
+            self.record(BusCall::PublishRoom { nodes: asked, message });
+        }
+        let failed: Vec<BusError> = failed.into_iter().filter_map(Result::ok).collect();
+        if failed.is_empty() { Ok(()) } else { Err(failed) }
     }
 
     async fn kick(&self, route: &Route) -> Result<(), BusError> {

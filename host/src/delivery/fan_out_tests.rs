@@ -14,7 +14,8 @@ use crate::routing::bus::Addressed;
 use crate::routing::rooms::RoomDirectory as _;
 use crate::routing::{MemoryRouteTable, Route, RouteError, RouteTable};
 use crate::testkit::{
-    BusCall, Kit, Options, RecordingBus, RecordingOutbox, THIS_NODE, conversation_id, device_id, message, user_id,
+    BusCall, Fault, Kit, Options, RecordingBus, RecordingOutbox, THIS_NODE, conversation_id, device_id, message,
+    user_id,
 };
 
 /// The in-process route table, noting the users of every `devices_of`; an unreadable one
@@ -424,7 +425,7 @@ async fn a_node_that_could_not_be_asked_is_asked_again_until_it_answers() {
     let two = NodeId(THIS_NODE.0 + 1);
     let (kit, bus) = kit_asking_again(&[two], 60_000, 100).await;
     logged_in_on(&kit, "bob", "tablet", two).await;
-    bus.fail_deliveries(two, 3);
+    bus.fail_calls(two, 3, Fault::NotSent);
 
     kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
 
@@ -443,7 +444,7 @@ async fn a_node_that_left_is_not_asked_again() {
     let two = NodeId(THIS_NODE.0 + 1);
     let (kit, bus) = kit_asking_again(&[two], 600_000, 100).await;
     logged_in_on(&kit, "bob", "tablet", two).await;
-    bus.fail_deliveries(two, u32::MAX);
+    bus.fail_calls(two, u32::MAX, Fault::NotSent);
 
     kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
     assert_eq!(kit.delivery.waiting_hops(), 1);
@@ -451,7 +452,7 @@ async fn a_node_that_left_is_not_asked_again() {
 
     // Long before the ten minutes it may retry for.
     wait_until("the hop to be given up", || kit.delivery.waiting_hops() == 0).await;
-    bus.fail_deliveries(two, 0);
+    bus.fail_calls(two, 0, Fault::NotSent);
     assert!(bus.calls().is_empty(), "never got through: {:?}", bus.calls());
 }
 
@@ -462,12 +463,12 @@ async fn failed_hops_wait_only_up_to_their_cap() {
     let two = NodeId(THIS_NODE.0 + 1);
     let (kit, bus) = kit_asking_again(&[two], 60_000, 1).await;
     logged_in_on(&kit, "bob", "tablet", two).await;
-    bus.fail_deliveries(two, u32::MAX);
+    bus.fail_calls(two, u32::MAX, Fault::NotSent);
 
     kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
     kit.delivery.fan_out(message("dm:alice:bob", 6, "alice", "phone")).await;
     assert_eq!(kit.delivery.waiting_hops(), 1, "one place");
-    bus.fail_deliveries(two, 0);
+    bus.fail_calls(two, 0, Fault::NotSent);
 
     wait_until("the waiting hop to get through", || kit.delivery.waiting_hops() == 0).await;
     let seqs: Vec<u64> = bus
@@ -479,7 +480,7 @@ async fn failed_hops_wait_only_up_to_their_cap() {
 
     let (kit, bus) = kit_asking_again(&[two], 0, 100).await;
     logged_in_on(&kit, "bob", "tablet", two).await;
-    bus.fail_deliveries(two, 1);
+    bus.fail_calls(two, 1, Fault::NotSent);
     kit.delivery.fan_out(message("dm:alice:bob", 7, "alice", "phone")).await;
     assert_eq!(kit.delivery.waiting_hops(), 0, "retries off");
 }
@@ -491,9 +492,78 @@ async fn a_hop_not_answered_in_time_is_not_asked_again() {
     let two = NodeId(THIS_NODE.0 + 1);
     let (kit, bus) = kit_asking_again(&[two], 60_000, 100).await;
     logged_in_on(&kit, "bob", "tablet", two).await;
-    bus.time_out_deliveries(two, 1);
+    bus.fail_calls(two, 1, Fault::Late);
 
     kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
 
     assert_eq!(kit.delivery.waiting_hops(), 0, "nothing waits to be asked again");
+}
+
+/// A `deliver` whose link broke after it went out is asked again: it may have landed, but
+/// a session takes each seq once, so a second copy is harmless.
+#[tokio::test]
+async fn a_hop_whose_link_broke_after_it_went_out_is_asked_again() {
+    let two = NodeId(THIS_NODE.0 + 1);
+    let (kit, bus) = kit_asking_again(&[two], 60_000, 100).await;
+    logged_in_on(&kit, "bob", "tablet", two).await;
+    bus.fail_calls(two, 1, Fault::Broken);
+
+    kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
+
+    assert_eq!(kit.delivery.waiting_hops(), 1, "waits to be asked again");
+    wait_until("the hop to be asked again", || !bus.calls().is_empty()).await;
+    let expected: BTreeMap<NodeId, Vec<String>> = [(two, vec!["bob".to_owned()])].into_iter().collect();
+    assert_eq!(delivered_by_node(&bus.calls(), 5, Addressed::ByRoute), expected);
+}
+
+/// The nodes a room message was published to, in the order of the calls that got through.
+fn published_to(calls: &[BusCall]) -> Vec<Vec<NodeId>> {
+    calls
+        .iter()
+        .filter_map(|call| if let BusCall::PublishRoom { nodes, .. } = call { Some(nodes.clone()) } else { None })
+        .collect()
+}
+
+/// A kit asking failed hops again, with `room:lobby` listed on this node and on `others`.
+async fn room_on(others: &[NodeId]) -> (Kit, Arc<RecordingBus>) {
+    let (kit, bus) = kit_asking_again(others, 60_000, 100).await;
+    let room = conversation_id("room:lobby");
+    for &node in others.iter().chain([&THIS_NODE]) {
+        kit.room_directory.joined(&room, node).await.expect("join");
+    }
+    (kit, bus)
+}
+
+/// A node with room subscribers that could not be asked at all (its link would not open)
+/// is asked again until it answers; the nodes that were asked are not asked twice.
+#[tokio::test]
+async fn a_node_with_room_subscribers_that_was_never_asked_is_asked_again() {
+    let (two, three) = (NodeId(THIS_NODE.0 + 1), NodeId(THIS_NODE.0 + 2));
+    let (kit, bus) = room_on(&[two, three]).await;
+    bus.fail_calls(two, 2, Fault::NotSent);
+
+    kit.delivery.fan_out(message("room:lobby", 4, "alice", "phone")).await;
+
+    assert_eq!(published_to(&bus.calls()), vec![vec![three]], "the node that answered, once");
+    assert_eq!(kit.delivery.waiting_hops(), 1, "the other waits to be asked again");
+    wait_until("the room hop to get through", || published_to(&bus.calls()).len() == 2).await;
+    assert_eq!(published_to(&bus.calls()), vec![vec![three], vec![two]]);
+    wait_until("its place to be given back", || kit.delivery.waiting_hops() == 0).await;
+}
+
+/// A room publish that went out is never asked again, whether its link broke or its answer
+/// was late: room messages are pushed once, and a subscriber's session keeps no seqs to
+/// skip a second copy by.
+#[tokio::test]
+async fn a_room_publish_that_went_out_is_not_asked_again() {
+    for fault in [Fault::Broken, Fault::Late] {
+        let two = NodeId(THIS_NODE.0 + 1);
+        let (kit, bus) = room_on(&[two]).await;
+        bus.fail_calls(two, 1, fault);
+
+        kit.delivery.fan_out(message("room:lobby", 4, "alice", "phone")).await;
+
+        assert_eq!(kit.delivery.waiting_hops(), 0, "{fault:?}: nothing waits to be asked again");
+        assert!(bus.calls().is_empty(), "{fault:?}: {:?}", bus.calls());
+    }
 }

@@ -1,28 +1,34 @@
-//! Hops asked again: a `deliver` another node was not asked — its link broke, or could not
-//! be opened, its breaker is open — is asked again in the background, so a device that
-//! stays connected to that node still gets the message live. Without it, the device would
-//! get the message only at its next sync or reconnect, and a live connection makes neither.
+//! Hops asked again: a `deliver` or a room publish another node was not asked — its link
+//! broke, or could not be opened, its breaker is open — is asked again in the background,
+//! so a device that stays connected to that node still gets the message live. Without it,
+//! the device would get the message only at its next sync or reconnect, and a live
+//! connection makes neither; a room subscriber would have to notice the gap and catch up.
 //!
-//! A hop that went out and was not answered in time ([`BusError::may_have_landed`]) is not
-//! asked again: the node most likely pushed it late, and it is late because it is
-//! overloaded (or paused), which a second copy of every late hop would only make worse. In
-//! three-node runs flat out on a 2-core box, hundreds to thousands of hops a run timed out
-//! so; each would have been sent twice.
+//! A hop is not asked again when the first ask may have been carried out
+//! ([`BusError::may_have_landed`]), as each kind allows:
+//! - A `deliver` that went out and was not answered in time is not: the node most likely
+//!   pushed it late, and it is late because it is overloaded (or paused), which a second
+//!   copy of every late hop would only make worse. In three-node runs flat out on a 2-core
+//!   box, hundreds to thousands of hops a run timed out so; each would have been sent twice.
+//!   One whose link broke after it went out is: a session takes each seq once and skips one
+//!   its device acked, so a second copy is harmless.
+//! - A room publish is asked again only if it certainly never went out: room messages are
+//!   pushed once, never again (PROTOCOL.md), and a subscriber's session keeps no seqs to
+//!   skip a second copy by.
 //!
 //! The first wait is [`FIRST_WAIT`], doubling (with jitter) up to [`LONGEST_WAIT`], for at
 //! most `delivery.hop_retry_for_ms` in all, and only while that node is still a member: a
 //! node whose lease lapsed has lost its devices, which reconnect elsewhere and backfill. At
 //! most `delivery.hop_retry_max_pending` hops wait at once; past it a failed hop is left to
-//! its devices' next sync. Asking again is safe when the first ask did get through (it timed
-//! out late): a session takes each seq once and skips one its device acked.
+//! its devices' next sync.
 //!
 //! The retries run in their own task: fan-out, which releases a conversation's messages in
 //! seq order, never waits for them.
 //!
 //! Counter: `herald_delivery_hop_retries_total{outcome}` — `delivered` (a retry got
-//! through), `given_up` (the time ran out, the node left, or a retry went out and was not
-//! answered in time), `overflow` (too many waiting), `late` (not asked again: the first ask
-//! went out and was not answered in time).
+//! through), `given_up` (the time ran out, the node left, or a retry may have landed),
+//! `overflow` (too many waiting), `late` (not asked again: the first ask may have been
+//! carried out).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,12 +46,29 @@ pub const FIRST_WAIT: Duration = Duration::from_millis(100);
 /// The longest wait between two retries.
 pub const LONGEST_WAIT: Duration = Duration::from_secs(2);
 
-/// A `deliver` that failed: the node asked, and what it was asked.
+/// A hop that failed: the node asked, the message, and what it was asked to do with it.
 pub(super) struct Hop {
     pub node: NodeId,
     pub message: Arc<Message>,
-    pub users: Vec<UserId>,
-    pub addressed: Addressed,
+    pub ask: Ask,
+}
+
+/// What a node was asked to do with a message.
+pub(super) enum Ask {
+    /// Push it to these users' devices there.
+    Deliver { users: Vec<UserId>, addressed: Addressed },
+    /// Push it to its room's subscribers there.
+    Room,
+}
+
+impl Ask {
+    /// Whether a hop that failed with `error` may be asked again (the module docs say why).
+    fn again_after(&self, error: &BusError) -> bool {
+        match self {
+            Self::Deliver { .. } => !matches!(error, BusError::Late { .. }),
+            Self::Room => !error.may_have_landed(),
+        }
+    }
 }
 
 /// The failed hops waiting to be asked again: a permit each, at most
@@ -81,7 +104,7 @@ impl Delivery {
     /// Asks `hop`'s node again, in the background, until it answers, the time runs out or
     /// the node leaves the cluster — unless `error` says the first ask may have landed.
     pub(super) fn retry_hop(self: &Arc<Self>, hop: Hop, error: &BusError) {
-        if error.may_have_landed() {
+        if !hop.ask.again_after(error) {
             metrics::counter!("herald_delivery_hop_retries_total", "outcome" => "late").increment(1);
             return;
         }
@@ -103,9 +126,19 @@ impl Delivery {
             tokio::time::sleep(FIRST_WAIT).await;
             let bus = &delivery.reach.bus;
             let still_member = || bus.peers().contains(&hop.node);
-            let ask = || bus.deliver(hop.node, Arc::clone(&hop.message), &hop.users, hop.addressed);
+            let hop = &hop;
+            let ask = || async move {
+                let message = Arc::clone(&hop.message);
+                match &hop.ask {
+                    Ask::Deliver { users, addressed } => bus.deliver(hop.node, message, users, *addressed).await,
+                    Ask::Room => match bus.publish_room(&[hop.node], message).await {
+                        Ok(()) => Ok(()),
+                        Err(mut failed) => Err(failed.pop().unwrap_or(BusError::Unreachable(hop.node))),
+                    },
+                }
+            };
             let outcome = if still_member() {
-                let worth_asking = |error: &BusError| !error.may_have_landed() && still_member();
+                let worth_asking = |error: &BusError| hop.ask.again_after(error) && still_member();
                 ask.retry(schedule).sleep(tokio::time::sleep).when(worth_asking).await
             } else {
                 Err(BusError::Unreachable(hop.node))

@@ -3,7 +3,8 @@
 //!
 //! Push when online, pull when not (ARCHITECTURE.md §3). A pushed message not acked is
 //! pushed again after the ack timeout, the wait doubling each time (capped, with jitter), up
-//! to `max_attempts`; then it waits for the device to pull. Rooms get no retries.
+//! to `max_attempts`; then it waits for the device to pull. Room messages are pushed once:
+//! no retries, but a node that could not be asked at all is asked again (`hops`).
 //!
 //! Delivery pushes to [`Session`]s through their [`Outbox`](session::Outbox) and reaches
 //! devices held by other nodes through the [`NodeBus`]; it never sees a socket.
@@ -41,7 +42,7 @@ use crate::telemetry::{Throttle, registered};
 
 use cursors::CursorBuffer;
 use filter::RecipientFilter;
-use hops::{Hop, HopRetries};
+use hops::{Ask, Hop, HopRetries};
 use pull::SeqFrontier;
 use retries::{Pending, RetryTimers};
 use session::Session;
@@ -245,7 +246,7 @@ impl Delivery {
             async move {
                 let users: Vec<UserId> = users.into_iter().collect();
                 let outcome = self.reach.bus.deliver(node, Arc::clone(&message), &users, addressed).await;
-                outcome.map_err(|error| (error, Hop { node, message, users, addressed }))
+                outcome.map_err(|error| (error, Hop { node, message, ask: Ask::Deliver { users, addressed } }))
             }
         });
         for (error, hop) in join_all(hops).await.into_iter().filter_map(Result::err) {
@@ -372,13 +373,18 @@ impl Delivery {
                 self.reach.bus.peers()
             }
         };
-        if !nodes.is_empty()
-            && let Err(error) = self.reach.bus.publish_room(&nodes, message).await
-        {
+        if nodes.is_empty() {
+            return;
+        }
+        let Err(failed) = self.reach.bus.publish_room(&nodes, Arc::clone(&message)).await else { return };
+        for error in failed {
+            // Stored, so subscribers can catch up; a node that was never asked is asked
+            // again in the background, one that may have been is not (rooms push once).
             static NODE_DOWN: Throttle = Throttle::new();
             if let Some(suppressed) = NODE_DOWN.allow() {
                 tracing::warn!(%error, suppressed, "a node with room subscribers could not be reached");
             }
+            self.retry_hop(Hop { node: error.node(), message: Arc::clone(&message), ask: Ask::Room }, &error);
         }
     }
 

@@ -47,8 +47,14 @@ pub struct SendAck {
 pub enum BusError {
     #[error("node {0} is not reachable from here")]
     Unreachable(NodeId),
+    /// The node was not asked: its breaker is open, a link to it could not be opened, or
+    /// it refused the request.
     #[error("node {node} did not answer: {reason}")]
     Failed { node: NodeId, reason: String },
+    /// The request went out but its link broke before the answer came: the node may have
+    /// carried it out.
+    #[error("the link to node {node} broke before it answered: {reason}")]
+    Broken { node: NodeId, reason: String },
     /// The request went out but its answer did not come within the deadline: the node may
     /// well have carried it out, late (overloaded, paused).
     #[error("node {node} did not answer in time: {reason}")]
@@ -56,10 +62,20 @@ pub enum BusError {
 }
 
 impl BusError {
-    /// Whether the node may have carried the request out: only a late answer leaves that
-    /// open; every other failure means it was never asked, or its link broke first.
+    /// Whether the node may have carried the request out: it went out, and either its link
+    /// broke or its answer was late. Every other failure means it was never asked.
     pub fn may_have_landed(&self) -> bool {
-        matches!(self, Self::Late { .. })
+        matches!(self, Self::Broken { .. } | Self::Late { .. })
+    }
+
+    /// The node that could not be asked.
+    pub fn node(&self) -> NodeId {
+        match self {
+            Self::Unreachable(node)
+            | Self::Failed { node, .. }
+            | Self::Broken { node, .. }
+            | Self::Late { node, .. } => *node,
+        }
     }
 }
 
@@ -88,8 +104,12 @@ pub trait NodeBus: Send + Sync + 'static {
         users: &[UserId],
         addressed: Addressed,
     ) -> Result<(), BusError>;
-    /// Has each of `nodes` push a room message to its subscribers of the room.
-    async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), BusError>;
+    /// Has each of `nodes` push a room message to its subscribers of the room, all at
+    /// once.
+    ///
+    /// # Errors
+    /// One error for each node that could not be asked.
+    async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), Vec<BusError>>;
     /// Has the node holding `route` close that connection (its device connected again).
     async fn kick(&self, route: &Route) -> Result<(), BusError>;
     /// Asks `owner` for the lowest seq of `conversation` it has taken and not yet settled.
@@ -123,8 +143,11 @@ impl NodeBus for LocalBus {
         Err(BusError::Unreachable(node))
     }
 
-    async fn publish_room(&self, nodes: &[NodeId], _message: Arc<Message>) -> Result<(), BusError> {
-        nodes.first().map_or(Ok(()), |&node| Err(BusError::Unreachable(node)))
+    async fn publish_room(&self, nodes: &[NodeId], _message: Arc<Message>) -> Result<(), Vec<BusError>> {
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        Err(nodes.iter().map(|&node| BusError::Unreachable(node)).collect())
     }
 
     async fn kick(&self, route: &Route) -> Result<(), BusError> {

@@ -15,7 +15,7 @@ use herald_proto::peer::v1::response::Outcome;
 use herald_proto::peer::v1::{Failure, InFlight};
 use tokio::time::Instant;
 
-use super::link::Link;
+use super::link::{CallError, Link};
 use super::{Kind, PeerAddresses, PeerSecret, PeerTimeouts, wire};
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, BreakerStatus};
 use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
@@ -207,7 +207,8 @@ impl PeerBus {
                 Ok(None) => {
                     Ok(Err(BusError::Failed { node, reason: format!("node {node} answered in a form unknown here") }))
                 }
-                Err(reason) => Err(BusError::Failed { node, reason }),
+                Err(CallError::NotSent(reason)) => Err(BusError::Failed { node, reason }),
+                Err(CallError::Broken(reason)) => Err(BusError::Broken { node, reason }),
             }
         };
         // `answered`: whether the peer answered at all (the link works), for its breaker.
@@ -282,14 +283,15 @@ impl NodeBus for PeerBus {
         done(node, Kind::Deliver, outcome)
     }
 
-    async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), BusError> {
+    async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), Vec<BusError>> {
         // Built once; each copy shares the body's bytes.
         let request = wire::publish_room(&message);
         let calls = nodes.iter().map(|&node| {
             let request = request.clone();
             async move { done(node, Kind::PublishRoom, self.call(node, Kind::PublishRoom, request).await?) }
         });
-        join_all(calls).await.into_iter().find_map(Result::err).map_or(Ok(()), Err)
+        let failed: Vec<BusError> = join_all(calls).await.into_iter().filter_map(Result::err).collect();
+        if failed.is_empty() { Ok(()) } else { Err(failed) }
     }
 
     async fn kick(&self, route: &Route) -> Result<(), BusError> {

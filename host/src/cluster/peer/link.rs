@@ -111,19 +111,32 @@ impl Link {
     /// Sends one request and waits for its outcome; the caller bounds the wait.
     ///
     /// # Errors
-    /// Why no outcome came: the request is too large for a frame, or the link closed.
-    pub(super) async fn call(&self, kind: WireKind) -> Answer {
+    /// Why no outcome came, and whether the request left: [`CallError::NotSent`] when it is
+    /// too large for a frame or the link had closed, [`CallError::Broken`] when the link
+    /// closed after it was queued.
+    pub(super) async fn call(&self, kind: WireKind) -> Result<Option<Outcome>, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = PeerFrame { body: Some(Body::Request(Request { id, kind: Some(kind) })) };
-        let frame = frame::encode(&frame).map_err(|error| format!("the request cannot be sent: {error}"))?;
-        let answer = self.pending.register(id)?;
+        let frame = frame::encode(&frame)
+            .map_err(|error| CallError::NotSent(format!("the request cannot be sent: {error}")))?;
+        let answer = self.pending.register(id).map_err(CallError::NotSent)?;
         // Removes the entry if this call is dropped (its deadline passed) before an answer.
         let _waiting = Waiting { pending: &self.pending, id };
         if self.outbound.send(Outgoing { frame, written: None }).await.is_err() {
-            return Err(self.pending.reason());
+            return Err(CallError::NotSent(self.pending.reason()));
         }
-        answer.await.unwrap_or_else(|_| Err(self.pending.reason()))
+        answer.await.unwrap_or_else(|_| Err(self.pending.reason())).map_err(CallError::Broken)
     }
+}
+
+/// Why a request got no outcome.
+#[derive(Debug)]
+pub(super) enum CallError {
+    /// It never left: too large for a frame, or the link had closed.
+    NotSent(String),
+    /// It was queued to the link, which closed before the answer came: the peer may have
+    /// carried it out.
+    Broken(String),
 }
 
 /// Reads responses until the link ends, then closes it.

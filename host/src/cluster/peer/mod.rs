@@ -38,8 +38,10 @@
 //! # Failures
 //!
 //! Every call has a deadline ([`PeerTimeouts`]); past it, or when the link breaks, or when
-//! the peer cannot be reached, the call fails at once with a [`BusError`] and the caller
-//! falls back as the bus contract says (a forwarded send answers `RETRY`; a delivery is
+//! the peer cannot be reached, the call fails at once with a [`BusError`] that says whether
+//! the request went out (`Late`: past its deadline; `Broken`: its link broke before the
+//! answer) or never did (`Failed`), and the caller falls back as the bus contract says (a
+//! forwarded send answers `RETRY`; a delivery, or a room message that never went out, is
 //! asked again with backoff for a while, `delivery/hops.rs`, then pulled by its device).
 //! A link that broke is reopened on the next call; a peer that could not be reached is
 //! tried again only after a backoff (doubling from

@@ -485,7 +485,8 @@ async fn a_node_cut_off_from_redis_still_pushes_to_devices_on_other_nodes() {
 /// A delivery hop that fails because the link to the recipient's node broke is asked again
 /// once the link is back: bob, connected to that node all along, gets every message live.
 /// (Asked once only, he would have got them at his next sync, which a live connection never
-/// makes.)
+/// makes.) So is a room message's hop to a node with subscribers: carol, subscribed there,
+/// gets it live too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_whose_link_broke_reaches_the_device_once_the_link_is_back() {
     let (breaking, broken) = watch::channel(false);
@@ -500,12 +501,25 @@ async fn a_delivery_whose_link_broke_reaches_the_device_once_the_link_is_back() 
     let ack = ann.send_ok(&conversation, "before the link breaks").await;
     bob.deliver_of(ack.message_id).await;
     bob.deliver_ack(&conversation, ack.seq).await;
-    let failed_hops = async || {
+    // A room ann's node owns, with carol subscribed on bob's node.
+    let mut room = String::new();
+    for n in 0.. {
+        room = format!("room:hall-{n}");
+        if nodes.owner_of(0, "ann", &room).await == ann_at {
+            break;
+        }
+    }
+    let mut carol = Client::connect(&nodes.nodes[bob_at], "carol", "phone").await;
+    carol.subscribe(&room, None).await;
+    ann.subscribe(&room, None).await;
+    let ack = ann.send_ok(&room, "before the link breaks").await;
+    carol.deliver_of(ack.message_id).await;
+    let failed_hops = async |kind: &str| {
         let text = nodes.nodes[ann_at].get("/metrics", None).await.body;
         ["failed", "timeout", "unreachable", "refused"]
             .iter()
             .map(|outcome| {
-                metric(&text, &format!("herald_cluster_peer_requests_total{{kind=\"deliver\",outcome=\"{outcome}\"}}"))
+                metric(&text, &format!("herald_cluster_peer_requests_total{{kind=\"{kind}\",outcome=\"{outcome}\"}}"))
             })
             .sum::<f64>()
     };
@@ -515,13 +529,18 @@ async fn a_delivery_whose_link_broke_reaches_the_device_once_the_link_is_back() 
     for n in 0..3 {
         sent.push(ann.send_ok(&conversation, format!("while the link is broken {n}")).await.message_id);
     }
-    nodes.wait_until("the owner's three hops to bob's node to fail", async || failed_hops().await >= 3.0).await;
+    nodes
+        .wait_until("the owner's three hops to bob's node to fail", async || failed_hops("deliver").await >= 3.0)
+        .await;
+    let to_room = ann.send_ok(&room, "while the link is broken").await;
+    nodes.wait_until("the room's hop to carol's node to fail", async || failed_hops("publish_room").await >= 1.0).await;
     breaking.send_replace(false);
 
     let mut pushed: Vec<u64> = bob.distinct_deliveries(&conversation, 3).await.iter().map(|m| m.id).collect();
     pushed.sort_unstable();
     sent.sort_unstable();
     assert_eq!(pushed, sent, "every message sent while the link was broken, pushed once it was back");
+    carol.deliver_of(to_room.message_id).await;
     let asked_again = metric(
         &nodes.nodes[ann_at].get("/metrics", None).await.body,
         "herald_delivery_hop_retries_total{outcome=\"delivered\"}",
