@@ -131,6 +131,12 @@ if [ "$mode" = rooms ]; then
     [ -z "${REPORT:-}" ] || say "reports: $REPORT/{rooms-1x10000,rooms-10x1000}/index.html"
     exit 0
 fi
+# With ALLOCS=1: the live heap of Herald's Rust code in MiB (herald_heap_live_bytes), to
+# set beside the resident size: what is still held, against what was freed but not handed back.
+live_heap() {
+    [ "${ALLOCS:-0}" = 1 ] || return 0
+    curl -sf "http://127.0.0.1:$port/metrics" | awk '/^herald_heap_live_bytes / { printf "%.1f", $2 / 1048576 }'
+}
 if [ "$mode" = idle ]; then
     # Herald's resident size (from /proc) before the devices connect, every second while
     # they are held, and a minute after they left.
@@ -143,6 +149,7 @@ if [ "$mode" = idle ]; then
         --duration 5s --warmup 1s --quiet >"$data/warm.out" || die "herald-loadgen failed: $(tail -n 5 "$data/warm.out")"
     sleep 2
     before=$(rss_kib "$server")
+    live_before=$(live_heap)
     target/release/herald-loadgen --url "ws://127.0.0.1:$port/v1/ws" --users "$devices" --rate "$rate" \
         --duration 20s --warmup 2s --quiet --connect-concurrency 128 "$@" >"$data/idle.out" &
     loadgen=$!
@@ -157,8 +164,10 @@ if [ "$mode" = idle ]; then
     say "waiting a minute for the memory to be handed back"
     sleep 60
     later=$(rss_kib "$server")
+    live_later=$(live_heap)
     per_device=$(( (peak - before) * 1024 / devices ))
     say "idle memory, $devices devices at $rate msgs/s, $(nproc) cores: Herald resident $((cold / 1024)) MiB started, $((before / 1024)) MiB before (after 100 devices for 5 s), $((peak / 1024)) MiB at the peak with them connected: $((per_device / 1024)).$(( (per_device % 1024) * 10 / 1024 )) KiB per device; $((left / 1024)) MiB as they left, $((later / 1024)) MiB a minute later ($(( (later - before) * 100 / before ))% above before; target: at most 20%)"
+    [ "${ALLOCS:-0}" != 1 ] || say "Herald's live heap (Rust code, herald_heap_live_bytes): $live_before MiB before the devices came, $live_later MiB a minute after they left"
     exit 0
 fi
 if [ "$mode" = reloads ]; then
@@ -254,12 +263,6 @@ alloc_counts() {
         /^herald_allocations_total / { a = $2 } /^herald_allocated_bytes_total / { b = $2 }
         /^herald_pipeline_messages_stored_total/ { m += $2 }
         END { printf "%d %d %d\n", a, b, m }'
-}
-# With ALLOCS=1: the live heap of Herald's Rust code in MiB (herald_heap_live_bytes), to
-# set beside the resident size: what is still held, against what was freed but not handed back.
-live_heap() {
-    [ "${ALLOCS:-0}" = 1 ] || return 0
-    curl -sf "http://127.0.0.1:$port/metrics" | awk '/^herald_heap_live_bytes / { printf "%.1f", $2 / 1048576 }'
 }
 # The dedup marks Herald holds (each send's for delivery.dedup_ttl_ms, at most
 # delivery.dedup_max_marks; ~100 bytes each): live data a minute after a burst, not memory
