@@ -20,9 +20,8 @@
 #
 # Nodes sharing this box get a share of its cores each: HERALD_WORKER_THREADS defaults to
 # cores / nodes (at least 1), so one node runs one thread per core and three nodes on two
-# cores one each. With a thread per core each, three nodes' six threads on two cores spent
-# the time switching between them (cross-node p99 37–49 ms against 21 ms, flat out 11.7k
-# against 14.9k msgs/s); set HERALD_WORKER_THREADS to compare.
+# cores one each (about 8 % of a core less than two each, at the same latency and
+# throughput within the noise, in alternating runs); set HERALD_WORKER_THREADS to compare.
 #
 #   [STEADY_RATES="1500 5000"] [WARMUP=10] [NODES="1 3"] scripts/cluster-loadtest.sh [extra herald-loadgen flags, e.g. --duration 20s]
 #   REPORT=DIR scripts/cluster-loadtest.sh     # also charts and a page per run: DIR/n<nodes>-steady-<rate>/, DIR/n<nodes>-max/

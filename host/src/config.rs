@@ -54,11 +54,10 @@ pub struct Config {
     /// Cluster mode leases a free one unless it is pinned here (`HERALD_NODE_ID`); a pinned
     /// id another live node holds refuses to start.
     pub node_id: Option<u32>,
-    /// Threads running this node's tasks; 0 (the default) is one per CPU core. Lower it
-    /// when several nodes share a machine: each node's idle threads are woken for every
-    /// burst of work, and on a box with fewer cores than threads in all the time goes to
-    /// switching between them (three nodes on 2 cores: cross-node p99 21 ms with one
-    /// thread each, 37–49 ms with two; README, "Benchmarks").
+    /// Threads running this node's tasks; 0 (the default) is one per CPU core. Where
+    /// several nodes share a machine, each can be given its share of the cores: three nodes
+    /// on 2 cores used about 8 % of a core less with one thread each than with two, at the
+    /// same latency and throughput within the noise (README, "Benchmarks").
     pub worker_threads: usize,
     /// The database.
     pub storage: StorageConfig,
