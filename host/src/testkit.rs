@@ -37,7 +37,7 @@ use crate::node::{Seams, Settings, Storage};
 use crate::pipeline::dedup::LocalDedup;
 use crate::pipeline::{Admission, Pipeline};
 use crate::plugins::{PluginHost, PluginHostConfig};
-use crate::routing::bus::{Addressed, BusError, LocalBus, NodeBus, Origin, SendAck, SendRequest};
+use crate::routing::bus::{Addressed, BusError, LocalBus, NodeBus, Origin, SendAck, SendRequest, each_asked};
 use crate::routing::rooms::{MemoryRoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::{RingView, StaticTopology, Topology};
@@ -513,14 +513,17 @@ impl NodeBus for RecordingBus {
     }
 
     async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), Vec<BusError>> {
-        let (failed, asked): (Vec<_>, Vec<_>) =
-            nodes.iter().map(|&node| self.fault(node).ok_or(node)).partition(Result::is_ok);
-        let asked: Vec<NodeId> = asked.into_iter().filter_map(Result::err).collect();
+        let (mut failed, mut asked) = (Vec::new(), Vec::new());
+        for &node in nodes {
+            match self.fault(node) {
+                Some(error) => failed.push(error),
+                None => asked.push(node),
+            }
+        }
         if !asked.is_empty() {
             self.record(BusCall::PublishRoom { nodes: asked, message });
         }
-        let failed: Vec<BusError> = failed.into_iter().filter_map(Result::ok).collect();
-        if failed.is_empty() { Ok(()) } else { Err(failed) }
+        each_asked(failed)
     }
 
     async fn kick(&self, route: &Route) -> Result<(), BusError> {

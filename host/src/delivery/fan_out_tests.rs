@@ -417,14 +417,20 @@ async fn kit_asking_again(peers: &[NodeId], retry_for_ms: u64, max_pending: usiz
     (kit, bus)
 }
 
+/// [`kit_asking_again`] with one other node, `two`, where bob's tablet is connected.
+async fn bob_on_node_two(retry_for_ms: u64, max_pending: usize) -> (Kit, Arc<RecordingBus>, NodeId) {
+    let two = NodeId(THIS_NODE.0 + 1);
+    let (kit, bus) = kit_asking_again(&[two], retry_for_ms, max_pending).await;
+    logged_in_on(&kit, "bob", "tablet", two).await;
+    (kit, bus, two)
+}
+
 /// A node holding a recipient whose link broke is asked again until it answers: its
 /// connected device would otherwise get the message only at its next sync, which a live
 /// connection never makes.
 #[tokio::test]
 async fn a_node_that_could_not_be_asked_is_asked_again_until_it_answers() {
-    let two = NodeId(THIS_NODE.0 + 1);
-    let (kit, bus) = kit_asking_again(&[two], 60_000, 100).await;
-    logged_in_on(&kit, "bob", "tablet", two).await;
+    let (kit, bus, two) = bob_on_node_two(60_000, 100).await;
     bus.fail_calls(two, 3, Fault::NotSent);
 
     kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
@@ -441,9 +447,7 @@ async fn a_node_that_could_not_be_asked_is_asked_again_until_it_answers() {
 /// with it, and reconnect elsewhere and backfill.
 #[tokio::test]
 async fn a_node_that_left_is_not_asked_again() {
-    let two = NodeId(THIS_NODE.0 + 1);
-    let (kit, bus) = kit_asking_again(&[two], 600_000, 100).await;
-    logged_in_on(&kit, "bob", "tablet", two).await;
+    let (kit, bus, two) = bob_on_node_two(600_000, 100).await;
     bus.fail_calls(two, u32::MAX, Fault::NotSent);
 
     kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
@@ -460,9 +464,7 @@ async fn a_node_that_left_is_not_asked_again() {
 /// sync; and with `hop_retry_for_ms = 0`, every one is.
 #[tokio::test]
 async fn failed_hops_wait_only_up_to_their_cap() {
-    let two = NodeId(THIS_NODE.0 + 1);
-    let (kit, bus) = kit_asking_again(&[two], 60_000, 1).await;
-    logged_in_on(&kit, "bob", "tablet", two).await;
+    let (kit, bus, two) = bob_on_node_two(60_000, 1).await;
     bus.fail_calls(two, u32::MAX, Fault::NotSent);
 
     kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
@@ -478,8 +480,7 @@ async fn failed_hops_wait_only_up_to_their_cap() {
         .collect();
     assert_eq!(seqs, vec![5], "the second failed hop found no place");
 
-    let (kit, bus) = kit_asking_again(&[two], 0, 100).await;
-    logged_in_on(&kit, "bob", "tablet", two).await;
+    let (kit, bus, two) = bob_on_node_two(0, 100).await;
     bus.fail_calls(two, 1, Fault::NotSent);
     kit.delivery.fan_out(message("dm:alice:bob", 7, "alice", "phone")).await;
     assert_eq!(kit.delivery.waiting_hops(), 0, "retries off");
@@ -489,9 +490,7 @@ async fn failed_hops_wait_only_up_to_their_cap() {
 /// likely pushed it late, being overloaded, and a second copy would add to its load.
 #[tokio::test]
 async fn a_hop_not_answered_in_time_is_not_asked_again() {
-    let two = NodeId(THIS_NODE.0 + 1);
-    let (kit, bus) = kit_asking_again(&[two], 60_000, 100).await;
-    logged_in_on(&kit, "bob", "tablet", two).await;
+    let (kit, bus, two) = bob_on_node_two(60_000, 100).await;
     bus.fail_calls(two, 1, Fault::Late);
 
     kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;
@@ -503,9 +502,7 @@ async fn a_hop_not_answered_in_time_is_not_asked_again() {
 /// a session takes each seq once, so a second copy is harmless.
 #[tokio::test]
 async fn a_hop_whose_link_broke_after_it_went_out_is_asked_again() {
-    let two = NodeId(THIS_NODE.0 + 1);
-    let (kit, bus) = kit_asking_again(&[two], 60_000, 100).await;
-    logged_in_on(&kit, "bob", "tablet", two).await;
+    let (kit, bus, two) = bob_on_node_two(60_000, 100).await;
     bus.fail_calls(two, 1, Fault::Broken);
 
     kit.delivery.fan_out(message("dm:alice:bob", 5, "alice", "phone")).await;

@@ -131,10 +131,10 @@ impl Delivery {
                 let message = Arc::clone(&hop.message);
                 match &hop.ask {
                     Ask::Deliver { users, addressed } => bus.deliver(hop.node, message, users, *addressed).await,
-                    Ask::Room => match bus.publish_room(&[hop.node], message).await {
-                        Ok(()) => Ok(()),
-                        Err(mut failed) => Err(failed.pop().unwrap_or(BusError::Unreachable(hop.node))),
-                    },
+                    Ask::Room => bus
+                        .publish_room(&[hop.node], message)
+                        .await
+                        .map_err(|mut failed| failed.pop().unwrap_or(BusError::Unreachable(hop.node))),
                 }
             };
             let outcome = if still_member() {

@@ -79,6 +79,15 @@ impl BusError {
     }
 }
 
+/// `Ok` when no node failed, else every node's error: what a call to several nodes at once
+/// ([`NodeBus::publish_room`]) answers.
+///
+/// # Errors
+/// `failed`, when it holds any.
+pub fn each_asked(failed: Vec<BusError>) -> Result<(), Vec<BusError>> {
+    if failed.is_empty() { Ok(()) } else { Err(failed) }
+}
+
 /// Why a node is asked to push a message to some of its devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Addressed {
@@ -144,10 +153,7 @@ impl NodeBus for LocalBus {
     }
 
     async fn publish_room(&self, nodes: &[NodeId], _message: Arc<Message>) -> Result<(), Vec<BusError>> {
-        if nodes.is_empty() {
-            return Ok(());
-        }
-        Err(nodes.iter().map(|&node| BusError::Unreachable(node)).collect())
+        each_asked(nodes.iter().map(|&node| BusError::Unreachable(node)).collect())
     }
 
     async fn kick(&self, route: &Route) -> Result<(), BusError> {

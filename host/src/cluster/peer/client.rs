@@ -20,7 +20,7 @@ use super::{Kind, PeerAddresses, PeerSecret, PeerTimeouts, wire};
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, BreakerStatus};
 use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
 use crate::routing::Route;
-use crate::routing::bus::{Addressed, BusError, NodeBus, SendAck, SendRequest};
+use crate::routing::bus::{Addressed, BusError, NodeBus, SendAck, SendRequest, each_asked};
 use crate::routing::cache::RouteChanges;
 use crate::tls::Tls;
 
@@ -290,8 +290,7 @@ impl NodeBus for PeerBus {
             let request = request.clone();
             async move { done(node, Kind::PublishRoom, self.call(node, Kind::PublishRoom, request).await?) }
         });
-        let failed: Vec<BusError> = join_all(calls).await.into_iter().filter_map(Result::err).collect();
-        if failed.is_empty() { Ok(()) } else { Err(failed) }
+        each_asked(join_all(calls).await.into_iter().filter_map(Result::err).collect())
     }
 
     async fn kick(&self, route: &Route) -> Result<(), BusError> {
