@@ -102,14 +102,16 @@ import json, os, re, sys
 state = sys.argv[1]
 now = {}
 for line in sys.stdin:
-    m = re.match(r"(herald_route_cache_(?:hits|misses)_total|herald_delivery_unrouted_total|herald_delivery_hop_retries_total[{][^}]*[}]) (\S+)", line)
+    m = re.match(r"(herald_route_cache_(?:hits|misses|joined)_total|herald_delivery_unrouted_total|herald_delivery_hop_retries_total[{][^}]*[}]) (\S+)", line)
     if m:
         now[m[1]] = now.get(m[1], 0) + float(m[2])
 before = json.load(open(state)) if os.path.exists(state) else {}
 json.dump(now, open(state, "w"))
 d = {k: v - before.get(k, 0) for k, v in now.items()}
 h, m = d.get("herald_route_cache_hits_total", 0), d.get("herald_route_cache_misses_total", 0)
-print(f"route cache over this run: {h:.0f} hits, {m:.0f} misses, hit rate {100 * h / max(h + m, 1):.1f} %")
+j = d.get("herald_route_cache_joined_total", 0)
+print(f"route cache over this run: {h:.0f} hits, {m:.0f} misses ({j:.0f} of them waited for a read under way), "
+      + f"hit rate {100 * h / max(h + m, 1):.1f} %")
 hops = []
 for k, v in sorted(d.items()):
     if "hop_retries" in k:

@@ -19,6 +19,13 @@
 //!   for the whole node threw away every answer in flight at each login anywhere in the
 //!   cluster).
 //!
+//! Lookups that miss at the same time share one read: a user already being read by another
+//! lookup is not read again, the later lookup waits for that answer (a burst of messages to
+//! a large group as its members' entries expire would otherwise read every member from Redis
+//! once per message). A change of the user detaches the read under way, so a lookup started
+//! after a change never takes an answer read before it; a lookup whose read was dropped
+//! (its caller went away) leaves those waiting to read the user themselves.
+//!
 //! A logout elsewhere is not announced. An entry still naming the closed connection costs
 //! one delivery: the node that held the connection finds no session for it, removes the
 //! route if Redis still has it and announces the change
@@ -26,12 +33,14 @@
 //! at the TTL.
 
 use std::hash::BuildHasher as _;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::future::join_all;
 use moka::sync::Cache;
+use tokio::sync::watch;
 
 use super::{Route, RouteError, RouteTable};
 use crate::maps::{HashMap, Keyed};
@@ -50,6 +59,8 @@ pub trait RouteChanges: Send + Sync + 'static {
 pub struct CacheCounts {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
+    /// Misses that waited for another lookup's read of the user rather than reading it.
+    pub joined: AtomicU64,
 }
 
 impl CacheCounts {
@@ -66,6 +77,17 @@ impl CacheCounts {
 /// stored (8 KiB).
 pub const STRIPES: usize = 1_024;
 
+/// Room kept in the map of reads under way after a burst of misses.
+const FLIGHTS_KEPT: usize = 256;
+
+/// A user's answer as a read under way will send it: `None` until it is read; `Err` carries
+/// why the table could not be read.
+type Answer = Option<Result<Arc<[Route]>, String>>;
+
+/// A read of one user under way: its number (told apart from a later read of the same user)
+/// and where its answer will appear.
+type Flight = (u64, watch::Receiver<Answer>);
+
 /// A [`RouteTable`] that remembers lookups of `inner` for a short time.
 pub struct CachedRoutes {
     inner: Arc<dyn RouteTable>,
@@ -78,9 +100,35 @@ pub struct CachedRoutes {
     changes: Box<[AtomicU64]>,
     /// Which stripe a user is in.
     striping: Keyed,
+    /// Users being read from `inner` now, so a lookup that misses at the same time waits
+    /// for that read rather than making its own.
+    flights: Mutex<HashMap<UserId, Flight>>,
+    /// The number of the next read.
+    next_flight: AtomicU64,
     /// Set once the node bus exists (it is built after the route table).
     peers: std::sync::OnceLock<Arc<dyn RouteChanges>>,
     counts: CacheCounts,
+}
+
+/// The reads of users one lookup makes for every lookup that joins them. Dropped, it
+/// removes them from the flights (unless a change already did): a lookup joining them
+/// later reads the users itself, and one waiting on a read never answered does too.
+struct Leading<'a> {
+    flights: &'a Mutex<HashMap<UserId, Flight>>,
+    users: Vec<UserId>,
+    numbers: Vec<u64>,
+    answers: Vec<watch::Sender<Answer>>,
+}
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        let mut flights = self.flights.lock().unwrap_or_else(PoisonError::into_inner);
+        for (user, number) in self.users.iter().zip(&self.numbers) {
+            if flights.get(user).is_some_and(|(current, _)| current == number) {
+                flights.remove(user);
+            }
+        }
+    }
 }
 
 impl CachedRoutes {
@@ -93,6 +141,8 @@ impl CachedRoutes {
             cleared: AtomicU64::new(0),
             changes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
             striping: Keyed::default(),
+            flights: Mutex::default(),
+            next_flight: AtomicU64::new(0),
             peers: std::sync::OnceLock::new(),
             counts: CacheCounts::default(),
         }
@@ -107,14 +157,113 @@ impl CachedRoutes {
     pub fn clear(&self) {
         self.cleared.fetch_add(1, Ordering::SeqCst);
         self.entries.invalidate_all();
+        self.lock_flights().clear();
     }
 
-    /// Drops the entries of `users` (another node saw them log in).
+    /// Drops the entries of `users` (another node saw them log in), and detaches their reads
+    /// under way: a lookup from now on reads them again.
     pub fn invalidate(&self, users: &[UserId]) {
         for user in users {
             self.changes_of(user).fetch_add(1, Ordering::SeqCst);
             self.entries.invalidate(user);
         }
+        let mut flights = self.lock_flights();
+        for user in users {
+            flights.remove(user);
+        }
+    }
+
+    fn lock_flights(&self) -> std::sync::MutexGuard<'_, HashMap<UserId, Flight>> {
+        self.flights.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sorts the users a lookup missed into those it reads itself (now in the flights) and
+    /// those another lookup is reading already, with where their answers will appear.
+    fn board(&self, missing: Vec<UserId>) -> (Leading<'_>, Vec<(UserId, watch::Receiver<Answer>)>) {
+        let mut leading =
+            Leading { flights: &self.flights, users: Vec::new(), numbers: Vec::new(), answers: Vec::new() };
+        let mut joined = Vec::new();
+        let mut flights = self.lock_flights();
+        for user in missing {
+            if let Some((_, answer)) = flights.get(&user) {
+                joined.push((user, answer.clone()));
+                continue;
+            }
+            let number = self.next_flight.fetch_add(1, Ordering::Relaxed);
+            let (sender, answer) = watch::channel(None);
+            flights.insert(user.clone(), (number, answer));
+            leading.users.push(user);
+            leading.numbers.push(number);
+            leading.answers.push(sender);
+        }
+        (leading, joined)
+    }
+
+    /// Reads the users `leading` holds from `inner`, keeps each answer unless a change
+    /// raced with the read, and sends it to the lookups that joined.
+    async fn read(&self, leading: &Leading<'_>) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
+        if leading.users.is_empty() {
+            return Ok(HashMap::default());
+        }
+        let cleared = self.cleared.load(Ordering::SeqCst);
+        let before: Vec<u64> = leading.users.iter().map(|user| self.changes_of(user).load(Ordering::SeqCst)).collect();
+        let mut looked_up = match self.inner.devices_of(&leading.users).await {
+            Ok(looked_up) => looked_up,
+            Err(error) => {
+                for answer in &leading.answers {
+                    answer.send_replace(Some(Err(error.0.clone())));
+                }
+                return Err(error);
+            }
+        };
+        let none_cleared = self.cleared.load(Ordering::SeqCst) == cleared;
+        let mut found = HashMap::with_capacity_and_hasher(leading.users.len(), Default::default());
+        for ((user, before), answer) in leading.users.iter().zip(before).zip(&leading.answers) {
+            let routes = looked_up.remove(user).unwrap_or_default();
+            let shared: Arc<[Route]> = routes.clone().into();
+            if none_cleared && self.changes_of(user).load(Ordering::SeqCst) == before {
+                self.entries.insert(user.clone(), Arc::clone(&shared));
+            }
+            answer.send_replace(Some(Ok(shared)));
+            if !routes.is_empty() {
+                found.insert(user.clone(), routes);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Waits for the answers other lookups are reading; users whose read was dropped
+    /// unanswered are read here.
+    async fn wait(
+        &self,
+        joined: Vec<(UserId, watch::Receiver<Answer>)>,
+    ) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
+        let mut found = HashMap::default();
+        if joined.is_empty() {
+            return Ok(found);
+        }
+        self.counts.joined.fetch_add(joined.len() as u64, Ordering::Relaxed);
+        metrics::counter!("herald_route_cache_joined_total").increment(joined.len() as u64);
+        let answers = join_all(joined.into_iter().map(|(user, mut answer)| async move {
+            let answer = answer.wait_for(Option::is_some).await.ok().and_then(|answer| answer.clone());
+            (user, answer)
+        }))
+        .await;
+        let mut orphans = Vec::new();
+        for (user, answer) in answers {
+            match answer {
+                Some(Ok(routes)) if routes.is_empty() => {}
+                Some(Ok(routes)) => {
+                    found.insert(user, routes.to_vec());
+                }
+                Some(Err(error)) => return Err(RouteError(error)),
+                None => orphans.push(user),
+            }
+        }
+        if !orphans.is_empty() {
+            found.extend(self.inner.devices_of(&orphans).await?);
+        }
+        Ok(found)
     }
 
     /// The change counter of `user`'s stripe.
@@ -181,19 +330,11 @@ impl RouteTable for CachedRoutes {
         if missing.is_empty() {
             return Ok(found);
         }
-        let cleared = self.cleared.load(Ordering::SeqCst);
-        let before: Vec<u64> = missing.iter().map(|user| self.changes_of(user).load(Ordering::SeqCst)).collect();
-        let mut looked_up = self.inner.devices_of(&missing).await?;
-        let none_cleared = self.cleared.load(Ordering::SeqCst) == cleared;
-        for (user, before) in missing.into_iter().zip(before) {
-            let routes = looked_up.remove(&user).unwrap_or_default();
-            if none_cleared && self.changes_of(&user).load(Ordering::SeqCst) == before {
-                self.entries.insert(user.clone(), routes.clone().into());
-            }
-            if !routes.is_empty() {
-                found.insert(user, routes);
-            }
-        }
+        let (leading, joined) = self.board(missing);
+        let (read, waited) = tokio::join!(self.read(&leading), self.wait(joined));
+        drop(leading);
+        found.extend(read?);
+        found.extend(waited?);
         Ok(found)
     }
 
@@ -219,6 +360,10 @@ impl RouteTable for CachedRoutes {
 
     fn shrink_if_sparse(&self) {
         self.inner.shrink_if_sparse();
+        let mut flights = self.lock_flights();
+        if crate::maps::is_sparse(flights.len(), flights.capacity(), FLIGHTS_KEPT) {
+            flights.shrink_to_fit();
+        }
     }
 }
 
@@ -227,7 +372,6 @@ mod tests {
     use super::*;
     use crate::routing::MemoryRouteTable;
     use crate::routing::tests::route;
-    use std::sync::Mutex;
 
     fn user(name: &str) -> UserId {
         UserId::parse(name).expect("valid")
@@ -305,6 +449,8 @@ mod tests {
     struct Slow {
         inner: MemoryRouteTable,
         gate: tokio::sync::Notify,
+        /// Users read so far.
+        reads: std::sync::atomic::AtomicUsize,
     }
 
     #[async_trait]
@@ -316,6 +462,7 @@ mod tests {
             self.inner.logout(u, d, n, c).await
         }
         async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
+            self.reads.fetch_add(users.len(), Ordering::SeqCst);
             let answer = self.inner.devices_of(users).await;
             self.gate.notified().await;
             answer
@@ -327,16 +474,18 @@ mod tests {
 
     /// A cache over a [`Slow`] table, for a minute.
     fn slow_cache() -> (Arc<Slow>, Arc<CachedRoutes>) {
-        let slow = Arc::new(Slow { inner: MemoryRouteTable::default(), gate: tokio::sync::Notify::new() });
+        let slow = Arc::new(Slow {
+            inner: MemoryRouteTable::default(),
+            gate: tokio::sync::Notify::new(),
+            reads: Default::default(),
+        });
         let cached = Arc::new(CachedRoutes::new(Arc::clone(&slow) as _, Duration::from_secs(60), 1000));
         (slow, cached)
     }
 
     /// Starts a lookup of cy through `cached` and lets it run until it waits at the table's
     /// gate, so that a change can land while it is under way.
-    async fn cy_looked_up_meanwhile(
-        cached: &Arc<CachedRoutes>,
-    ) -> tokio::task::JoinHandle<Result<HashMap<UserId, Vec<Route>>, RouteError>> {
+    async fn cy_looked_up_meanwhile(cached: &Arc<CachedRoutes>) -> Lookup {
         let lookup = tokio::spawn({
             let cached = Arc::clone(cached);
             async move { cached.devices_of(&[user("cy")]).await }
@@ -345,13 +494,18 @@ mod tests {
         lookup
     }
 
+    /// cy logs in on another node, which announces it to this one.
+    async fn cy_logs_in_elsewhere(slow: &Slow, cached: &CachedRoutes) {
+        slow.inner.login(route("cy", "phone", 2, 3)).await.expect("login");
+        cached.invalidate(&[user("cy")]);
+    }
+
     #[tokio::test]
     async fn an_answer_read_while_a_change_landed_is_not_kept() {
         let (slow, cached) = slow_cache();
         let lookup = cy_looked_up_meanwhile(&cached).await;
         // cy logs in on another node while the lookup (which read "no device") is under way.
-        slow.inner.login(route("cy", "phone", 2, 3)).await.expect("login");
-        cached.invalidate(&[user("cy")]);
+        cy_logs_in_elsewhere(&slow, &cached).await;
         slow.gate.notify_one();
         let stale = lookup.await.expect("no panic").expect("lookup");
         assert!(stale.is_empty(), "the racing lookup answers what it read");
@@ -396,5 +550,94 @@ mod tests {
         slow.gate.notify_one();
         cached.devices_of(&[user("cy")]).await.expect("lookup");
         assert_eq!(cached.counts().misses.load(Ordering::Relaxed), misses + 1, "looked up again");
+    }
+
+    type Lookup = tokio::task::JoinHandle<Result<HashMap<UserId, Vec<Route>>, RouteError>>;
+
+    /// cy has a device, and two lookups of cy wait at the table's gate, one after the other.
+    async fn connected_cy_looked_up_twice() -> (Arc<Slow>, Arc<CachedRoutes>, Lookup, Lookup) {
+        let (slow, cached) = slow_cache();
+        slow.inner.login(route("cy", "phone", 2, 3)).await.expect("login");
+        let first = cy_looked_up_meanwhile(&cached).await;
+        let second = cy_looked_up_meanwhile(&cached).await;
+        (slow, cached, first, second)
+    }
+
+    #[tokio::test]
+    async fn lookups_that_miss_together_read_the_table_once() {
+        let (slow, cached, first, second) = connected_cy_looked_up_twice().await;
+        slow.gate.notify_one();
+        for lookup in [first, second] {
+            assert_eq!(lookup.await.expect("no panic").expect("lookup")[&user("cy")].len(), 1, "both answered");
+        }
+        assert_eq!(slow.reads.load(Ordering::SeqCst), 1, "the second waited for the first's read");
+        assert_eq!(cached.counts().joined.load(Ordering::Relaxed), 1);
+        assert_eq!(cached.counts().misses.load(Ordering::Relaxed), 2, "both missed the cache");
+    }
+
+    /// A lookup that starts after a change of the user must see it: it does not take the
+    /// answer of a read that began before.
+    #[tokio::test]
+    async fn a_lookup_after_a_change_does_not_wait_for_a_read_from_before_it() {
+        let (slow, cached) = slow_cache();
+        let before = cy_looked_up_meanwhile(&cached).await;
+        cy_logs_in_elsewhere(&slow, &cached).await;
+        let after = cy_looked_up_meanwhile(&cached).await;
+        slow.gate.notify_one();
+        slow.gate.notify_one();
+        assert!(before.await.expect("no panic").expect("lookup").is_empty(), "read before the login");
+        assert_eq!(after.await.expect("no panic").expect("lookup")[&user("cy")].len(), 1, "read after it");
+        assert_eq!((slow.reads.load(Ordering::SeqCst), cached.counts().joined.load(Ordering::Relaxed)), (2, 0));
+    }
+
+    /// The lookup reading a user went away (its caller was dropped): the one waiting for
+    /// that read reads the user itself rather than waiting for ever.
+    #[tokio::test]
+    async fn a_lookup_waiting_for_a_dropped_read_reads_the_user_itself() {
+        let (slow, cached, reader, waiter) = connected_cy_looked_up_twice().await;
+        reader.abort();
+        assert!(reader.await.expect_err("aborted").is_cancelled());
+        tokio::task::yield_now().await;
+        slow.gate.notify_one();
+        let answer = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("answered, not left waiting")
+            .expect("no panic")
+            .expect("lookup");
+        assert_eq!(answer[&user("cy")].len(), 1);
+        assert_eq!(slow.reads.load(Ordering::SeqCst), 2, "read again by the waiter");
+    }
+
+    /// A table that cannot be read fails every lookup waiting for the read, not only the
+    /// one that made it.
+    #[tokio::test]
+    async fn a_failed_read_fails_the_lookups_waiting_for_it() {
+        struct Down(tokio::sync::Notify);
+        #[async_trait]
+        impl RouteTable for Down {
+            async fn login(&self, _: Route) -> Result<Option<Route>, RouteError> {
+                Ok(None)
+            }
+            async fn logout(&self, _: &UserId, _: &DeviceId, _: NodeId, _: ConnectionId) -> Result<bool, RouteError> {
+                Ok(false)
+            }
+            async fn devices_of(&self, _: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
+                self.0.notified().await;
+                Err(RouteError("redis is down".into()))
+            }
+            async fn restore(&self, _: Route) -> Result<bool, RouteError> {
+                Ok(false)
+            }
+        }
+        let down = Arc::new(Down(tokio::sync::Notify::new()));
+        let cached = Arc::new(CachedRoutes::new(Arc::clone(&down) as _, Duration::from_secs(60), 1000));
+        let first = cy_looked_up_meanwhile(&cached).await;
+        let second = cy_looked_up_meanwhile(&cached).await;
+        down.0.notify_one();
+        for lookup in [first, second] {
+            let error = lookup.await.expect("no panic").expect_err("the table is down");
+            assert!(error.0.contains("redis is down"), "{error}");
+        }
+        assert_eq!(cached.counts().joined.load(Ordering::Relaxed), 1);
     }
 }
