@@ -605,6 +605,7 @@ mod tests {
             .expect("no panic")
             .expect("lookup");
         assert_eq!(answer[&user("cy")].len(), 1);
+        assert_eq!(cached.counts().joined.load(Ordering::Relaxed), 1, "the waiter had joined the dropped read");
         assert_eq!(slow.reads.load(Ordering::SeqCst), 2, "read again by the waiter");
     }
 
