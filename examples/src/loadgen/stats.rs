@@ -309,6 +309,14 @@ pub struct CountSnapshot {
 }
 
 impl CountSnapshot {
+    /// What the drain still waited for: sends without a final answer (neither accepted,
+    /// rejected nor given up after RETRYs), and accepted ones not yet delivered.
+    pub fn not_drained(&self) -> (u64, u64) {
+        let accepted = self.ack_ok + self.ack_duplicate;
+        let answered = accepted + self.ack_rejected + self.given_up;
+        (self.sent.saturating_sub(answered), accepted.saturating_sub(self.delivered))
+    }
+
     /// Reads every counter.
     pub fn of(counters: &Counters) -> Self {
         Self {
@@ -478,9 +486,10 @@ impl Report {
             drained = if self.drained {
                 String::new()
             } else {
+                let (unanswered, undelivered) = c.not_drained();
                 format!(
-                    " (not drained: {} sends unsettled or undelivered at the drain timeout)",
-                    c.sent.saturating_sub(c.delivered.min(c.ack_ok + c.ack_duplicate))
+                    " (not drained at the drain timeout: {unanswered} sends without a final answer, \
+                     {undelivered} accepted and not yet delivered)"
                 )
             },
         );
@@ -636,6 +645,22 @@ fn round3(value: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A send given up after RETRYs, or rejected, is settled: only sends still waiting
+    /// for an answer, and accepted ones still on their way, kept the drain waiting.
+    #[test]
+    fn the_drain_waits_for_unanswered_sends_and_undelivered_accepted_ones_only() {
+        let counts = CountSnapshot {
+            sent: 10,
+            ack_ok: 6,
+            ack_duplicate: 1,
+            ack_rejected: 1,
+            given_up: 1,
+            delivered: 5,
+            ..CountSnapshot::default()
+        };
+        assert_eq!(counts.not_drained(), (1, 2));
+    }
 
     #[test]
     fn microseconds_read_well() {
