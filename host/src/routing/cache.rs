@@ -114,7 +114,7 @@ pub struct CachedRoutes {
 /// removes them from the flights (unless a change already did): a lookup joining them
 /// later reads the users itself, and one waiting on a read never answered does too.
 struct Leading<'a> {
-    flights: &'a Mutex<HashMap<UserId, Flight>>,
+    cache: &'a CachedRoutes,
     users: Vec<UserId>,
     numbers: Vec<u64>,
     answers: Vec<watch::Sender<Answer>>,
@@ -122,7 +122,7 @@ struct Leading<'a> {
 
 impl Drop for Leading<'_> {
     fn drop(&mut self) {
-        let mut flights = self.flights.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut flights = self.cache.lock_flights();
         for (user, number) in self.users.iter().zip(&self.numbers) {
             if flights.get(user).is_some_and(|(current, _)| current == number) {
                 flights.remove(user);
@@ -180,8 +180,7 @@ impl CachedRoutes {
     /// Sorts the users a lookup missed into those it reads itself (now in the flights) and
     /// those another lookup is reading already, with where their answers will appear.
     fn board(&self, missing: Vec<UserId>) -> (Leading<'_>, Vec<(UserId, watch::Receiver<Answer>)>) {
-        let mut leading =
-            Leading { flights: &self.flights, users: Vec::new(), numbers: Vec::new(), answers: Vec::new() };
+        let mut leading = Leading { cache: self, users: Vec::new(), numbers: Vec::new(), answers: Vec::new() };
         let mut joined = Vec::new();
         let mut flights = self.lock_flights();
         for user in missing {
