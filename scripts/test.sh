@@ -60,7 +60,8 @@ PROFILE=debug scripts/soak.sh 2
 
 # Only the Redis-backed modules of herald-host's tests, on the cluster: every script and
 # multi-key step must stay in one slot (a CROSSSLOT error fails them). cluster_plugin_state::
-# and messaging::cluster_nodes:: / cluster_faults:: (multi-process clusters of herald nodes,
+# and messaging::cluster_nodes:: / cluster_faults:: / the behaviour suite's three nodes on
+# PostgreSQL (multi-process clusters of herald nodes,
 # handed the URL as HERALD_CLUSTER__REDIS_URL) are included, but for the test that cuts a
 # node off from Redis through a proxy, which a Redis Cluster's announced master addresses
 # bypass, the one restarting a Redis of its own (it never uses the cluster), and the
@@ -70,5 +71,6 @@ PROFILE=debug scripts/soak.sh 2
 say "Redis-backed tests again, against the Redis Cluster at $redis_cluster_url"
 HERALD_TEST_REDIS_URL=$redis_cluster_url cargo test --workspace --test all --locked -- \
     cluster:: cluster_membership:: cluster_plugin_state:: messaging::cluster_nodes:: messaging::cluster_faults:: \
+    messaging::behaviour::three_nodes_on_postgres:: \
     --skip a_node_cut_off_from_redis --skip a_redis_restart \
     --skip a_paused_owner_resumed_after_its_lease_lapsed_commits_nothing_on_mariadb

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
 
+use herald_plugin_runtime::cpu;
 use serde::Serialize;
 
 use crate::clock::{SystemClock, WallClock};
@@ -196,6 +197,10 @@ pub struct Sample {
     pub point: Point,
 }
 
+/// The shortest window a CPU reading covers: a tick's error over it is at most 0.04 of
+/// one core.
+const MIN_CPU_WINDOW: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Turns the running counters into per-window rates.
 pub struct Sampler {
     last_at: Instant,
@@ -204,6 +209,10 @@ pub struct Sampler {
     last_errors: u64,
     last_stored: u64,
     last_cpu_ticks: Option<u64>,
+    /// When `last_cpu_ticks` was read.
+    cpu_since: Instant,
+    /// The load of the last reading.
+    last_cpu_load: f32,
     cores: f32,
 }
 
@@ -223,6 +232,8 @@ impl Sampler {
             last_errors: 0,
             last_stored: 0,
             last_cpu_ticks: cpu_ticks(),
+            cpu_since: Instant::now(),
+            last_cpu_load: 0.0,
             cores,
         }
     }
@@ -249,13 +260,7 @@ impl Sampler {
         let redeliveries = delta(&vitals.redeliveries, &mut self.last_redeliveries);
         let errors = delta(&vitals.errors, &mut self.last_errors);
         let stored = delta(&vitals.stored, &mut self.last_stored);
-        let ticks = cpu_ticks();
-        let cpu_load = match (ticks, self.last_cpu_ticks) {
-            // /proc reports CPU time in USER_HZ, 100 per second on Linux.
-            (Some(now), Some(before)) => now.saturating_sub(before) as f32 / 100.0 / seconds / self.cores,
-            _ => 0.0,
-        };
-        self.last_cpu_ticks = ticks;
+        let cpu_load = self.cpu_load(now);
         let connections = queue_depths.len() as u64;
         let point = Point {
             at_ms: SystemClock.now_ms(),
@@ -281,16 +286,37 @@ impl Sampler {
     }
 }
 
-/// This process's user + system CPU time in clock ticks (Linux; `None` elsewhere).
+impl Sampler {
+    /// The share of the machine's cores this process used since the last reading, less
+    /// its plugin compiles. While a compile is under way the reading waits (the last load
+    /// stands): the process's time already holds part of the compile, which is subtracted
+    /// only once it ends, so the next reading spans it whole.
+    ///
+    /// A reading also waits until [`MIN_CPU_WINDOW`] has passed since the last: CPU time
+    /// comes in clock ticks (10 ms), and one tick over the first sample's window, which
+    /// began microseconds earlier at the node's start, read as the machine flat out.
+    fn cpu_load(&mut self, now: Instant) -> f32 {
+        let window = now.duration_since(self.cpu_since);
+        if cpu::compiling() || window < MIN_CPU_WINDOW {
+            return self.last_cpu_load;
+        }
+        let ticks = cpu_ticks();
+        let seconds = window.as_secs_f32();
+        let load = match (ticks, self.last_cpu_ticks) {
+            (Some(now), Some(before)) => {
+                now.saturating_sub(before) as f32 / cpu::TICKS_PER_SECOND as f32 / seconds / self.cores
+            }
+            _ => 0.0,
+        };
+        (self.last_cpu_ticks, self.cpu_since, self.last_cpu_load) = (ticks, now, load);
+        load
+    }
+}
+
+/// This process's CPU time in clock ticks, less what went into compiling plugins: the load
+/// the node carries, not its own warm-up (at start, or on a reload).
 fn cpu_ticks() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may contain spaces) closed by the last ')':
-    // state is the first; utime and stime are the 12th and 13th.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let user: u64 = fields.next()?.parse().ok()?;
-    let system: u64 = fields.next()?.parse().ok()?;
-    Some(user + system)
+    Some(cpu::process_ticks()?.saturating_sub(cpu::compile_ticks()))
 }
 
 #[cfg(test)]
@@ -325,6 +351,22 @@ mod tests {
             (quiet.redelivery_ratio, quiet.errors_per_second, quiet.connections, quiet.store_latency_p99_ms),
             (0.0, 0.0, 0, 0)
         );
+    }
+
+    /// The first sample comes at once after the sampler starts: CPU time spent meanwhile
+    /// is no load reading (a tick over microseconds read as every core busy).
+    #[test]
+    fn a_window_too_short_for_the_clock_ticks_reads_no_load() {
+        let (vitals, writes) = (Vitals::default(), LatencyWindow::default());
+        let mut sampler = Sampler::new();
+        let start = Instant::now();
+        let mut x = 0_u64;
+        while start.elapsed() < Duration::from_millis(40) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        std::hint::black_box(x);
+        let Sample { health, .. } = sampler.sample(&vitals, Vec::new(), &writes, 0);
+        assert_eq!(health.cpu_load, 0.0, "40 ms is no window to read a load over");
     }
 
     #[test]

@@ -37,7 +37,7 @@ use crate::node::{Seams, Settings, Storage};
 use crate::pipeline::dedup::LocalDedup;
 use crate::pipeline::{Admission, Pipeline};
 use crate::plugins::{PluginHost, PluginHostConfig};
-use crate::routing::bus::{Addressed, BusError, LocalBus, NodeBus, Origin, SendAck, SendRequest, each_asked};
+use crate::routing::bus::{Addressed, BusError, LocalBus, NodeBus, Origin, Queued, SendAck, SendRequest, each_asked};
 use crate::routing::rooms::{MemoryRoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::{RingView, StaticTopology, Topology};
@@ -173,6 +173,7 @@ impl Kit {
             node: THIS_NODE,
             connection: session.id,
             connected_at_ms: 0,
+            parked: false,
         };
         self.routes.login(route).await.expect("log the device in");
         session
@@ -492,7 +493,7 @@ impl RecordingBus {
 
 #[async_trait]
 impl NodeBus for RecordingBus {
-    async fn forward_send(&self, owner: NodeId, request: SendRequest) -> Result<SendAck, BusError> {
+    async fn forward_send(&self, owner: NodeId, request: SendRequest, _queued: Queued) -> Result<SendAck, BusError> {
         let answer = Self::answer(&request);
         self.record(BusCall::ForwardSend { owner, request });
         Ok(answer)

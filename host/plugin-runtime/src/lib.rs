@@ -28,6 +28,7 @@ mod chains;
 mod check;
 mod clock;
 mod config;
+pub mod cpu;
 mod engine;
 mod error;
 mod fallback;

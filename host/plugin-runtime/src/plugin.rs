@@ -455,7 +455,7 @@ impl Plugin {
                         Some(wasm) => wasm,
                         None => std::fs::read(&path).map_err(wasmtime::Error::from)?,
                     };
-                    Component::new(&engine, &wasm)
+                    crate::cpu::counted_as_compile(|| Component::new(&engine, &wasm))
                 })
                 .await
                 .map_err(|e| PluginError::Task(e.to_string()))?

@@ -53,6 +53,7 @@ pub async fn presence(
         .remove(&user)
         .unwrap_or_default()
         .iter()
+        .filter(|route| !route.parked)
         .map(|route| json!({ "device": route.device.as_str(), "node_id": route.node, "connected_at_ms": route.connected_at_ms }))
         .collect();
     Ok(Json(json!({ "user": user.as_str(), "online": !devices.is_empty(), "devices": devices })))

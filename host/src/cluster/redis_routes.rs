@@ -71,6 +71,22 @@ static LOGOUT: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// KEYS[1] the user's hash; ARGV[1] the device, ARGV[2] `<node>|<connection>|`. Marks the
+/// field parked (appends `|p`) only if it still starts with ARGV[2]; returns 1 if the field
+/// is that connection's (parked now or already).
+static PARK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local current = redis.call('HGET', KEYS[1], ARGV[1])
+         if current and string.sub(current, 1, string.len(ARGV[2])) == ARGV[2] then
+           if string.sub(current, -2) ~= '|p' then
+             redis.call('HSET', KEYS[1], ARGV[1], current .. '|p')
+           end
+           return 1
+         end
+         return 0",
+    )
+});
+
 /// The cluster route table: Redis hashes shared by every node.
 pub struct RedisRouteTable {
     /// Shared with the node's other Redis seams.
@@ -167,6 +183,21 @@ impl RouteTable for RedisRouteTable {
         Ok(removed == 1)
     }
 
+    /// The node's set keeps its entry: a node that dies with parked sessions has their
+    /// routes removed like the others.
+    async fn park(
+        &self,
+        user: &UserId,
+        device: &DeviceId,
+        node: NodeId,
+        connection: ConnectionId,
+    ) -> Result<bool, RouteError> {
+        let mut park = PARK.prepare_invoke();
+        park.key(self.keys.route(user)).arg(device.as_str()).arg(owner(node, connection));
+        let parked: u8 = self.redis.invoke("route park", self.timeouts.write, &park).await?;
+        Ok(parked == 1)
+    }
+
     async fn restore(&self, route: Route) -> Result<bool, RouteError> {
         let mut remember = redis::cmd("SADD");
         remember.arg(self.keys.gateway(route.node)).arg(member(&route.user, &route.device, route.connection));
@@ -207,9 +238,12 @@ impl RouteTable for RedisRouteTable {
     }
 }
 
-/// A route's hash value: `<node>|<connection>|<connected_at_ms>`.
+/// A route's hash value: `<node>|<connection>|<connected_at_ms>`, then `|p` once parked.
+/// A node of a release before parking reads a parked route as unreadable and skips it,
+/// as it would a route removed at logout.
 fn encode(route: &Route) -> String {
-    format!("{}{}", owner(route.node, route.connection), route.connected_at_ms)
+    let parked = if route.parked { "|p" } else { "" };
+    format!("{}{}{parked}", owner(route.node, route.connection), route.connected_at_ms)
 }
 
 /// The start of the hash value of every route held by `connection` on `node`.
@@ -220,12 +254,17 @@ fn owner(node: NodeId, connection: ConnectionId) -> String {
 /// Reads a hash value back; an unreadable one is logged and skipped (one bad field must not
 /// stop delivery to the user's other devices).
 fn decode(user: &UserId, device: &DeviceId, value: &str) -> Option<Route> {
-    let mut parts = value.splitn(3, '|');
+    let mut parts = value.splitn(4, '|');
     let parsed = (|| {
         let node = NodeId(parts.next()?.parse().ok()?);
         let connection = ConnectionId(parts.next()?.parse().ok()?);
         let connected_at_ms = parts.next()?.parse().ok()?;
-        Some(Route { user: user.clone(), device: device.clone(), node, connection, connected_at_ms })
+        let parked = match parts.next() {
+            None => false,
+            Some("p") => true,
+            Some(_) => return None,
+        };
+        Some(Route { user: user.clone(), device: device.clone(), node, connection, connected_at_ms, parked })
     })();
     if parsed.is_none() {
         tracing::warn!(%user, %device, value, "unreadable route in Redis; skipped");
@@ -260,12 +299,17 @@ mod tests {
             node: NodeId(3),
             connection: ConnectionId(42),
             connected_at_ms: 1_767_225_600_000,
+            parked: false,
         };
         let value = encode(&route);
         assert_eq!(value, "3|42|1767225600000");
         assert!(value.starts_with(&owner(NodeId(3), ConnectionId(42))));
         assert!(!value.starts_with(&owner(NodeId(3), ConnectionId(4))), "the separator ends the connection");
-        assert_eq!(decode(&user, &device, &value), Some(route));
+        assert_eq!(decode(&user, &device, &value), Some(route.clone()));
+        let parked = Route { parked: true, ..route };
+        assert_eq!(encode(&parked), "3|42|1767225600000|p");
+        assert_eq!(decode(&user, &device, &encode(&parked)), Some(parked));
+        assert_eq!(decode(&user, &device, "3|42|1767225600000|x"), None);
         assert_eq!(decode(&user, &device, "3|x|1"), None);
         assert_eq!(decode_member(&member(&user, &device, ConnectionId(42))), Some((user, device, ConnectionId(42))));
         assert_eq!(decode_member("ann|phone"), None);

@@ -76,6 +76,7 @@ async fn logged_in_on(kit: &Kit, user: &str, device: &str, node: NodeId) {
         node,
         connection: kit.connection_id(),
         connected_at_ms: 0,
+        parked: false,
     };
     kit.routes.login(route).await.expect("log in");
 }
@@ -376,6 +377,7 @@ async fn a_route_read_before_the_device_reconnected_still_reaches_its_new_sessio
         node: THIS_NODE,
         connection: old.id,
         connected_at_ms: 0,
+        parked: false,
     };
     kit.drop_within_grace(&old).await;
     let new_phone = RecordingOutbox::new();

@@ -326,10 +326,10 @@ impl Delivery {
     /// is here when it is offered.
     fn push_here(self: &Arc<Self>, message: &Message, wire: Option<&v1::Message>, user: &UserId, routes: &[Route]) {
         for route in routes.iter().filter(|route| route.node == self.reach.this_node) {
-            // A session is in place before its route is written and removed only after
-            // its route was, so a route of this node without one names a connection that
-            // is gone: read from a cache, or left behind by a failed logout.
-            if self.reach.sessions.get(route.connection).is_none() {
+            // A session is in place before its route is written and removed (or parked)
+            // only after its route was, so a route of this node without one names a
+            // connection that is gone: read from a cache, or left behind by a failed logout.
+            if !self.reach.sessions.holds(user, route.connection) {
                 self.forget_stale(route.clone());
             }
         }

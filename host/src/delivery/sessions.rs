@@ -53,6 +53,12 @@ impl Sessions {
         sessions.open.iter().chain(&sessions.parked).cloned().collect()
     }
 
+    /// Whether `connection` of `user` is here, open or parked.
+    pub fn holds(&self, user: &UserId, connection: ConnectionId) -> bool {
+        self.by_id.contains_key(&connection)
+            || self.by_user.get(user).is_some_and(|sessions| sessions.parked.iter().any(|s| s.id == connection))
+    }
+
     pub fn get(&self, id: ConnectionId) -> Option<Arc<Session>> {
         self.by_id.get(&id).map(|c| Arc::clone(&c))
     }

@@ -364,6 +364,7 @@ async fn kick_previous(gateway: &Gateway, session: &Session) -> Option<Arc<Sessi
         node: gateway.this_node(),
         connection: session.id,
         connected_at_ms: gateway.clock.now_ms(),
+        parked: false,
     };
     let replaced = match gateway.routes.login(route).await {
         Ok(Some(replaced)) if replaced.node != gateway.this_node() || replaced.connection != session.id => replaced,
@@ -392,17 +393,29 @@ async fn detach(gateway: &Arc<Gateway>, client: &Client) {
     gateway.delivery.connection_closed(session);
     let grace = gateway.config.reconnect_grace_ms;
     let sessions = &gateway.delivery.sessions();
-    // Parked before the route goes, so fan-out always finds one or the other.
-    if grace > 0 && !gateway.is_draining() && session.park() {
+    // Parked before its route changes, so fan-out always finds one or the other. The route
+    // of a parked session stays, marked parked, so that the fan-out of every node keeps
+    // offering it messages (noted as owed for its device's return) until the grace is over.
+    let (user, device, this_node) = (&session.user, &session.device, gateway.this_node());
+    let routed = if grace > 0 && !gateway.is_draining() && session.park() {
         sessions.park(Arc::clone(session));
         let (gateway, session) = (Arc::clone(gateway), Arc::clone(session));
+        let routed = gateway.routes.park(user, device, this_node, session.id).await;
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(grace)).await;
-            gateway.delivery.sessions().expire(&session);
+            if gateway.delivery.sessions().expire(&session) {
+                let (user, device) = (&session.user, &session.device);
+                if let Err(error) = gateway.routes.logout(user, device, gateway.this_node(), session.id).await {
+                    tracing::warn!(%error, "route table unavailable when a parked session expired");
+                }
+            }
             count_connections(&gateway);
         });
-    }
-    if let Err(error) = gateway.routes.logout(&session.user, &session.device, gateway.this_node(), session.id).await {
+        routed
+    } else {
+        gateway.routes.logout(user, device, this_node, session.id).await
+    };
+    if let Err(error) = routed {
         tracing::warn!(%error, "route table unavailable at logout");
     }
     gateway.connections.remove(client.connection.id);

@@ -386,6 +386,7 @@ impl Cluster {
                 node: this_node,
                 connection: session.id,
                 connected_at_ms: held.clock.now_ms(),
+                parked: false,
             };
             match self.cached_routes.restore(route.clone()).await {
                 Ok(false) => {}

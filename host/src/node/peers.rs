@@ -16,7 +16,7 @@ use crate::gateway::Gateway;
 use crate::membership::Membership;
 use crate::model::{ConversationId, GroupId, Message, UserId};
 use crate::pipeline::lanes::Lanes;
-use crate::pipeline::{Admission, Pipeline, Settled};
+use crate::pipeline::{Admission, Pipeline};
 use crate::routing::Route;
 use crate::routing::bus::{Addressed, SendRequest};
 use crate::routing::cache::CachedRoutes;
@@ -33,11 +33,8 @@ pub(super) struct NodePeers {
 
 #[async_trait]
 impl PeerHandler for NodePeers {
-    async fn send(&self, request: SendRequest) -> Settled {
-        match self.pipeline.admit(request).await {
-            Admission::Done(ack) => Settled { ack, fan_out: None },
-            Admission::Wait(rest) => rest.await,
-        }
+    async fn admit_send(&self, request: SendRequest) -> Admission {
+        self.pipeline.admit(request).await
     }
 
     async fn deliver(&self, message: Message, users: Vec<UserId>, addressed: Addressed) {

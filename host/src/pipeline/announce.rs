@@ -119,7 +119,8 @@ impl Pipeline {
         };
         let ack = self
             .bus
-            .forward_send(owner, request)
+            // One request at a time: nothing here waits for it to be queued.
+            .forward_send(owner, request, tokio::sync::oneshot::channel().0)
             .await
             .map_err(|cause| SendError::OwnerUnreachable { owner, cause })?
             .ack;

@@ -39,7 +39,7 @@ use crate::membership::{Membership, Refusal};
 use crate::model::{ClientMsgId, ConversationId, ConversationKind, InvalidId, Message, NodeId};
 use crate::plugins::types::{Message as HookMessage, MessageDecision};
 use crate::plugins::{Hook, PluginHost};
-use crate::routing::bus::{BusError, NodeBus, SendAck, SendRequest};
+use crate::routing::bus::{BusError, NodeBus, Queued, SendAck, SendRequest};
 use crate::routing::router::{Router, SendOwner};
 use crate::store::group_commit::Ticket;
 use crate::store::{ConversationStore, Inserted, LeaseError, MessageStore, MessageWriter, OwnerClaim, StoreError};
@@ -284,7 +284,7 @@ impl Pipeline {
                     // nodes whose views differ for a moment never pass a send back and forth.
                     return Admission::Done(refused(&request, &SendError::NotOwner { owner }));
                 }
-                return Admission::Wait(Box::pin(Arc::clone(self).forward(owner, request)));
+                return self.forward_in_order(owner, request).await;
             }
         };
         let sender = request.origin.user.clone();
@@ -335,10 +335,25 @@ impl Pipeline {
         Ok((client_msg_id, conversation))
     }
 
-    /// Step 2, another node owns it: that node processes the send and answers.
-    async fn forward(self: Arc<Self>, owner: NodeId, request: SendRequest) -> Settled {
+    /// Step 2, another node owns it: that node processes the send and answers. The send is
+    /// handed to the link to its owner before this returns, so a connection's next send (the
+    /// gateway admits them one at a time) goes out after it, and the owner, which admits a
+    /// connection's forwarded sends in the order they arrive, gives them seqs in the order
+    /// they were sent.
+    async fn forward_in_order(self: &Arc<Self>, owner: NodeId, request: SendRequest) -> Admission {
+        let (queued, on_queued) = tokio::sync::oneshot::channel();
+        let mut forwarding = Box::pin(Arc::clone(self).forward(owner, request, queued));
+        tokio::select! {
+            biased;
+            settled = &mut forwarding => Admission::Wait(Box::pin(std::future::ready(settled))),
+            // Queued, or never will be (the sender dropped): the rest runs in the caller's task.
+            _ = on_queued => Admission::Wait(forwarding),
+        }
+    }
+
+    async fn forward(self: Arc<Self>, owner: NodeId, request: SendRequest, queued: Queued) -> Settled {
         let failed = |cause| refused(&request, &SendError::OwnerUnreachable { owner, cause });
-        settled(match self.bus.forward_send(owner, request.clone()).await {
+        settled(match self.bus.forward_send(owner, request.clone(), queued).await {
             Ok(ack) => ack,
             Err(cause) => failed(cause),
         })

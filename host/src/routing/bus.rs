@@ -34,6 +34,11 @@ pub struct SendRequest {
     pub send: v1::Send,
 }
 
+/// Told once a forwarded send is on its way to its owner (handed to the link, in order with
+/// the sends handed over before it) or never will be: the sender's connection may then hand
+/// over its next send. Dropping it tells the same.
+pub type Queued = tokio::sync::oneshot::Sender<()>;
+
 /// The answer to a [`SendRequest`], addressed to its origin.
 #[derive(Debug, Clone)]
 pub struct SendAck {
@@ -103,8 +108,10 @@ pub enum Addressed {
 /// What a node asks of the others.
 #[async_trait]
 pub trait NodeBus: Send + Sync + 'static {
-    /// Has `owner` process `request`; returns its ack.
-    async fn forward_send(&self, owner: NodeId, request: SendRequest) -> Result<SendAck, BusError>;
+    /// Has `owner` process `request`; returns its ack. `queued` is told once the request is
+    /// on its way (or cannot be): a connection's sends reach their owner in the order they
+    /// were handed over, when each is handed over only after the one before was queued.
+    async fn forward_send(&self, owner: NodeId, request: SendRequest, queued: Queued) -> Result<SendAck, BusError>;
     /// Has `node` push `message` to the devices of `users` connected there.
     async fn deliver(
         &self,
@@ -138,7 +145,7 @@ pub struct LocalBus;
 
 #[async_trait]
 impl NodeBus for LocalBus {
-    async fn forward_send(&self, owner: NodeId, _request: SendRequest) -> Result<SendAck, BusError> {
+    async fn forward_send(&self, owner: NodeId, _request: SendRequest, _queued: Queued) -> Result<SendAck, BusError> {
         Err(BusError::Unreachable(owner))
     }
 

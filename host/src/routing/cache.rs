@@ -308,6 +308,18 @@ impl RouteTable for CachedRoutes {
         removed
     }
 
+    async fn park(
+        &self,
+        user: &UserId,
+        device: &DeviceId,
+        node: NodeId,
+        connection: ConnectionId,
+    ) -> Result<bool, RouteError> {
+        let parked = self.inner.park(user, device, node, connection).await;
+        self.invalidate(std::slice::from_ref(user));
+        parked
+    }
+
     async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
         let mut found = HashMap::with_capacity_and_hasher(users.len(), Default::default());
         let mut missing = Vec::new();

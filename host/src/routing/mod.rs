@@ -29,6 +29,10 @@ pub struct Route {
     pub connection: ConnectionId,
     /// When it connected, ms since the Unix epoch.
     pub connected_at_ms: u64,
+    /// The connection dropped and its session is parked on `node` for the reconnect grace:
+    /// fan-out still reaches the node, which notes what the device is owed for its return,
+    /// but the device is not online (presence leaves it out).
+    pub parked: bool,
 }
 
 /// A route table could not be read or written (cluster mode: Redis is down).
@@ -51,6 +55,22 @@ pub trait RouteTable: Send + Sync + 'static {
         node: NodeId,
         connection: ConnectionId,
     ) -> Result<bool, RouteError>;
+    /// `user`'s `device` dropped its connection, whose session `node` parks for the device's
+    /// return: its route stays, [`parked`](Route::parked), if it still names `connection`
+    /// on `node`, so that every node's fan-out keeps reaching the parked session and its
+    /// device, back within the grace, is owed what was sent meanwhile. Returns whether the
+    /// route was still there. The node removes it ([`logout`](Self::logout)) when the grace
+    /// is over. By default a plain logout: a table whose every session is in this process
+    /// needs no route to find a parked one.
+    async fn park(
+        &self,
+        user: &UserId,
+        device: &DeviceId,
+        node: NodeId,
+        connection: ConnectionId,
+    ) -> Result<bool, RouteError> {
+        self.logout(user, device, node, connection).await
+    }
     /// Every connected device of each of `users`, in one lookup (a group's fan-out asks for
     /// all its members at once). A user with no device is absent from the map.
     async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError>;
@@ -146,6 +166,7 @@ pub(crate) mod tests {
             node: NodeId(node),
             connection: ConnectionId(connection),
             connected_at_ms: 0,
+            parked: false,
         }
     }
 

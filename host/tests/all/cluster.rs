@@ -60,6 +60,7 @@ fn route(user_name: &str, device_name: &str, node: u32, connection: u64) -> Rout
         node: NodeId(node),
         connection: ConnectionId(connection),
         connected_at_ms: 1_767_225_600_000 + connection,
+        parked: false,
     }
 }
 

@@ -18,9 +18,9 @@ use herald_host::cluster::peer::{
     PROTOCOL_VERSION, PeerAddresses, PeerBus, PeerHandler, PeerSecret, PeerServer, PeerTimeouts,
 };
 use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, GroupId, Message, NodeId, UserId};
-use herald_host::pipeline::Settled;
+use herald_host::pipeline::{Admission, Settled};
 use herald_host::routing::Route;
-use herald_host::routing::bus::{Addressed, BusError, NodeBus, Origin, SendAck, SendRequest};
+use herald_host::routing::bus::{Addressed, BusError, NodeBus, Origin, Queued, SendAck, SendRequest};
 use herald_host::routing::cache::RouteChanges;
 use herald_proto::peer::v1 as wire;
 use herald_proto::peer::v1::peer_frame::Body;
@@ -82,6 +82,11 @@ fn message() -> Message {
         body: (0..=255u8).collect::<Vec<_>>().into(),
         sent_at_ms: 1_700_000_000_000,
     }
+}
+
+/// A `queued` signal nobody waits for.
+fn queued() -> Queued {
+    tokio::sync::oneshot::channel().0
 }
 
 /// A send from alice's phone on the caller; `delay_ms` is how long the recording handler
@@ -167,18 +172,23 @@ impl Recorder {
 
 #[async_trait]
 impl PeerHandler for Recorder {
-    async fn send(&self, request: SendRequest) -> Settled {
+    /// Admitted at once (recorded in the order admitted); the rest waits while `sends` is
+    /// shut, then takes `kind` ms.
+    async fn admit_send(&self, request: SendRequest) -> Admission {
         self.record(Recorded::Send(request.clone()));
         let _ = self.started.send(request.rid);
-        let _ = self.sends.subscribe().wait_for(|&open| open).await;
-        tokio::time::sleep(Duration::from_millis(u64::from(request.send.kind))).await;
+        let mut sends = self.sends.subscribe();
         let (mut gate, ran, rid) = (self.fan_outs.subscribe(), self.fanned_out.clone(), request.rid);
-        let fan_out = async move {
-            let _ = gate.wait_for(|&open| open).await;
-            let _ = ran.send(rid);
-        };
-        let ack = SendAck { ack: ack_for(&request), to: request.origin, rid: request.rid };
-        Settled { ack, fan_out: Some(Box::pin(fan_out)) }
+        Admission::Wait(Box::pin(async move {
+            let _ = sends.wait_for(|&open| open).await;
+            tokio::time::sleep(Duration::from_millis(u64::from(request.send.kind))).await;
+            let fan_out = async move {
+                let _ = gate.wait_for(|&open| open).await;
+                let _ = ran.send(rid);
+            };
+            let ack = SendAck { ack: ack_for(&request), to: request.origin, rid: request.rid };
+            Settled { ack, fan_out: Some(Box::pin(fan_out)) }
+        }))
     }
 
     async fn deliver(&self, message: Message, users: Vec<UserId>, addressed: Addressed) {
@@ -312,10 +322,11 @@ async fn every_bus_call_reaches_the_handler_with_exactly_what_was_given() {
         node: CALLED,
         connection: ConnectionId(u64::MAX),
         connected_at_ms: 5,
+        parked: false,
     };
     let request = send_request(12, 0);
 
-    let ack = pair.bus.forward_send(CALLED, request.clone()).await.expect("forwarded");
+    let ack = pair.bus.forward_send(CALLED, request.clone(), queued()).await.expect("forwarded");
     assert_eq!((ack.to, ack.rid, ack.ack), (request.origin.clone(), 12, ack_for(&request)));
     pair.bus.deliver(CALLED, Arc::clone(&message), &users, Addressed::ByRoute).await.expect("delivered");
     pair.bus.publish_room(&[CALLED], Arc::clone(&message)).await.expect("published");
@@ -347,7 +358,7 @@ async fn forward_send_returns_the_owners_ack_before_its_fan_out_runs() {
     let mut pair = Pair::start().await;
     pair.recorder.fan_outs.send_replace(false);
     // The fan-out cannot run yet, so the ack did not wait for it.
-    let ack = pair.bus.forward_send(CALLED, send_request(5, 0)).await.expect("forwarded");
+    let ack = pair.bus.forward_send(CALLED, send_request(5, 0), queued()).await.expect("forwarded");
     assert_eq!(ack.ack.seq, 1_005);
     assert!(pair.watch.fanned_out.try_recv().is_err(), "the fan-out ran while held");
     pair.recorder.fan_outs.send_replace(true);
@@ -363,7 +374,7 @@ async fn a_hundred_concurrent_sends_share_one_link_and_each_gets_its_own_ack() {
     // The first sent takes longest, so answers come back in the reverse order.
     let sends = (0..100u32).map(|rid| {
         let bus = &pair.bus;
-        async move { (rid, bus.forward_send(CALLED, send_request(rid, 100 - rid)).await) }
+        async move { (rid, bus.forward_send(CALLED, send_request(rid, 100 - rid), queued()).await) }
     });
     for (rid, answer) in futures_util::future::join_all(sends).await {
         let ack = answer.unwrap_or_else(|error| panic!("send {rid}: {error}"));
@@ -373,6 +384,35 @@ async fn a_hundred_concurrent_sends_share_one_link_and_each_gets_its_own_ack() {
     assert_eq!(relay.connections.load(Ordering::SeqCst), 1, "one link carried every request");
 }
 
+/// A connection's sends, each handed over once the one before it was queued (as the
+/// pipeline does), are admitted by the called node in the order they were sent, however the
+/// tasks answering them are scheduled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_connections_sends_are_admitted_in_the_order_they_were_handed_over() {
+    let pair = Pair::start().await;
+    let bus = Arc::new(pair.bus);
+    let mut answers = Vec::new();
+    for rid in 0..200u32 {
+        let (queued, on_queued) = tokio::sync::oneshot::channel();
+        let bus = Arc::clone(&bus);
+        answers.push(tokio::spawn(async move { bus.forward_send(CALLED, send_request(rid, 0), queued).await }));
+        on_queued.await.expect("queued");
+    }
+    for answer in answers {
+        answer.await.expect("no panic").expect("answered");
+    }
+    let admitted: Vec<u32> = pair
+        .recorder
+        .calls()
+        .iter()
+        .filter_map(|call| match call {
+            Recorded::Send(request) => Some(request.rid),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(admitted, (0..200).collect::<Vec<_>>(), "admitted in the order handed over");
+}
+
 #[tokio::test]
 async fn a_slow_send_does_not_hold_up_a_delivery_on_the_same_link() {
     let mut pair = Pair::start().await;
@@ -380,7 +420,7 @@ async fn a_slow_send_does_not_hold_up_a_delivery_on_the_same_link() {
     let bus = Arc::new(pair.bus);
     let slow = tokio::spawn({
         let bus = Arc::clone(&bus);
-        async move { bus.forward_send(CALLED, send_request(1, 0)).await }
+        async move { bus.forward_send(CALLED, send_request(1, 0), queued()).await }
     });
     assert_eq!(tokio::time::timeout(WAIT, pair.watch.started.recv()).await.expect("the send starts"), Some(1));
     bus.deliver(CALLED, Arc::new(message()), &[user("bob")], Addressed::ByRoute)
@@ -395,7 +435,7 @@ async fn a_slow_send_does_not_hold_up_a_delivery_on_the_same_link() {
 #[tokio::test]
 async fn a_caller_with_the_wrong_secret_is_refused_and_the_handler_never_called() {
     let pair = Pair::start_with(secret("not the secret"), timeouts()).await;
-    let error = pair.bus.forward_send(CALLED, send_request(1, 0)).await.expect_err("refused");
+    let error = pair.bus.forward_send(CALLED, send_request(1, 0), queued()).await.expect_err("refused");
     assert_failed(&error, CALLED, "cluster.secret");
     // Later calls are refused without another attempt, still saying why.
     let error =
@@ -410,7 +450,7 @@ async fn a_node_without_an_address_is_unreachable() {
     let nowhere = NodeId(9);
     let message = Arc::new(message());
     assert_eq!(
-        pair.bus.forward_send(nowhere, send_request(1, 0)).await.map(|_| ()),
+        pair.bus.forward_send(nowhere, send_request(1, 0), queued()).await.map(|_| ()),
         Err(BusError::Unreachable(nowhere))
     );
     assert_eq!(
@@ -423,6 +463,7 @@ async fn a_node_without_an_address_is_unreachable() {
         node: nowhere,
         connection: ConnectionId(1),
         connected_at_ms: 0,
+        parked: false,
     };
     assert_eq!(pair.bus.kick(&route).await, Err(BusError::Unreachable(nowhere)));
     assert_eq!(pair.bus.lowest_in_flight(nowhere, &conversation("grp:x")).await, Err(BusError::Unreachable(nowhere)));
@@ -479,7 +520,7 @@ async fn go_away_mid_request(pair: Pair) -> (PeerBus, Arc<Directory>) {
     let started_at = Instant::now();
     let in_flight = tokio::spawn({
         let bus = Arc::clone(&bus);
-        async move { bus.forward_send(CALLED, send_request(1, 0)).await }
+        async move { bus.forward_send(CALLED, send_request(1, 0), queued()).await }
     });
     assert_eq!(tokio::time::timeout(WAIT, watch.started.recv()).await.expect("the send starts"), Some(1));
     served.stop().await;
@@ -574,11 +615,11 @@ async fn a_peer_that_keeps_timing_out_opens_its_breaker_then_calls_fail_at_once_
     // The peer reads each send, but never answers (an overloaded or stuck node).
     pair.recorder.sends.send_replace(false);
     for rid in 1..=3 {
-        let error = pair.bus.forward_send(CALLED, send_request(rid, 0)).await.expect_err("no answer");
+        let error = pair.bus.forward_send(CALLED, send_request(rid, 0), queued()).await.expect_err("no answer");
         assert_late(&error, CALLED, "did not answer forward_send within 200ms");
     }
     assert_eq!(breaker_of(&pair.bus).state, BreakerState::Open);
-    let error = pair.bus.forward_send(CALLED, send_request(4, 0)).await.expect_err("not even sent");
+    let error = pair.bus.forward_send(CALLED, send_request(4, 0), queued()).await.expect_err("not even sent");
     assert_failed(&error, CALLED, "circuit breaker is open");
     let sends = pair.recorder.calls().iter().filter(|call| matches!(call, Recorded::Send(_))).count();
     assert_eq!(sends, 3, "the refused call never reached the peer");
@@ -588,7 +629,7 @@ async fn a_peer_that_keeps_timing_out_opens_its_breaker_then_calls_fail_at_once_
     pair.recorder.sends.send_replace(true);
     let thawed = Instant::now();
     let ack = loop {
-        match pair.bus.forward_send(CALLED, send_request(5, 0)).await {
+        match pair.bus.forward_send(CALLED, send_request(5, 0), queued()).await {
             Ok(ack) => break ack,
             Err(error) => assert!(thawed.elapsed() < WAIT, "the peer was never asked again: {error:?}"),
         }

@@ -20,7 +20,7 @@ use super::{Kind, PeerAddresses, PeerSecret, PeerTimeouts, wire};
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, BreakerStatus};
 use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
 use crate::routing::Route;
-use crate::routing::bus::{Addressed, BusError, NodeBus, SendAck, SendRequest, each_asked};
+use crate::routing::bus::{Addressed, BusError, NodeBus, Queued, SendAck, SendRequest, each_asked};
 use crate::routing::cache::RouteChanges;
 use crate::tls::Tls;
 
@@ -179,6 +179,18 @@ impl PeerBus {
     /// Sends one request to `node` and waits for its outcome, all within the deadline of
     /// its kind.
     async fn call(&self, node: NodeId, kind: Kind, request: WireKind) -> Result<Outcome, BusError> {
+        self.call_queued(node, kind, request, None).await
+    }
+
+    /// As [`call`](Self::call), telling `queued` once the request is handed to the link (or
+    /// never will be).
+    async fn call_queued(
+        &self,
+        node: NodeId,
+        kind: Kind,
+        request: WireKind,
+        queued: Option<Queued>,
+    ) -> Result<Outcome, BusError> {
         let deadline = match kind {
             Kind::ForwardSend => self.timeouts.forward_send,
             _ => self.timeouts.request,
@@ -199,7 +211,7 @@ impl PeerBus {
         let exchange = async {
             let link = self.link(node, &peer).await?;
             handed_over.store(true, Ordering::Relaxed);
-            match link.call(request).await {
+            match link.call(request, queued).await {
                 Ok(Some(Outcome::Failure(Failure { message, .. }))) => {
                     Ok(Err(BusError::Failed { node, reason: format!("node {node} refused the request: {message}") }))
                 }
@@ -265,8 +277,8 @@ fn done(node: NodeId, kind: Kind, outcome: Outcome) -> Result<(), BusError> {
 
 #[async_trait]
 impl NodeBus for PeerBus {
-    async fn forward_send(&self, owner: NodeId, request: SendRequest) -> Result<SendAck, BusError> {
-        match self.call(owner, Kind::ForwardSend, wire::forward_send(&request)).await? {
+    async fn forward_send(&self, owner: NodeId, request: SendRequest, queued: Queued) -> Result<SendAck, BusError> {
+        match self.call_queued(owner, Kind::ForwardSend, wire::forward_send(&request), Some(queued)).await? {
             Outcome::SendAck(ack) => Ok(SendAck { to: request.origin, rid: request.rid, ack }),
             _ => Err(unexpected(owner, Kind::ForwardSend)),
         }

@@ -21,6 +21,7 @@ use super::frame::{self, AbortOnDrop, FrameError, MAX_FRAME_BYTES, Outgoing};
 use super::{PeerSecret, ReadHalf, WriteHalf, handshake};
 use crate::maps::HashMap;
 use crate::model::NodeId;
+use crate::routing::bus::Queued;
 use crate::tls::Tls;
 
 /// Frames waiting for a link's writer. A caller finding it full waits, within its deadline:
@@ -108,13 +109,15 @@ impl Link {
         self.address
     }
 
-    /// Sends one request and waits for its outcome; the caller bounds the wait.
+    /// Sends one request and waits for its outcome; the caller bounds the wait. `queued` is
+    /// told once the request is in the writer's queue, behind every request queued before
+    /// it (dropped unsent when it never gets there).
     ///
     /// # Errors
     /// Why no outcome came, and whether the request left: [`CallError::NotSent`] when it is
     /// too large for a frame or the link had closed, [`CallError::Broken`] when the link
     /// closed after it was queued.
-    pub(super) async fn call(&self, kind: WireKind) -> Result<Option<Outcome>, CallError> {
+    pub(super) async fn call(&self, kind: WireKind, queued: Option<Queued>) -> Result<Option<Outcome>, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = PeerFrame { body: Some(Body::Request(Request { id, kind: Some(kind) })) };
         let frame = frame::encode(&frame)
@@ -124,6 +127,9 @@ impl Link {
         let _waiting = Waiting { pending: &self.pending, id };
         if self.outbound.send(Outgoing { frame, written: None }).await.is_err() {
             return Err(CallError::NotSent(self.pending.reason()));
+        }
+        if let Some(queued) = queued {
+            let _ = queued.send(());
         }
         answer.await.unwrap_or_else(|_| Err(self.pending.reason())).map_err(CallError::Broken)
     }

@@ -73,7 +73,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
-use crate::pipeline::Settled;
+use crate::pipeline::Admission;
 use crate::routing::Route;
 use crate::routing::bus::{Addressed, SendRequest};
 
@@ -113,10 +113,13 @@ pub trait PeerAddresses: Send + Sync + 'static {
 /// [`NodeBus`]: crate::routing::bus::NodeBus
 #[async_trait]
 pub trait PeerHandler: Send + Sync + 'static {
-    /// A send this node owns, forwarded by the node holding the sender's connection. The
-    /// server writes `ack` back first, then runs `fan_out` in a task of its own — always,
-    /// even when the link broke meanwhile, since later messages wait for it.
-    async fn send(&self, request: SendRequest) -> Settled;
+    /// Admits a send this node owns, forwarded by the node holding the sender's connection:
+    /// the in-order part ([`Pipeline::admit`](crate::pipeline::Pipeline::admit)). The
+    /// server admits one connection's sends one at a time, in the order they arrived, runs
+    /// the rest of each on its own, writes its ack back, then runs its fan-out in a task of
+    /// its own — always, even when the link broke meanwhile, since later messages wait for
+    /// it.
+    async fn admit_send(&self, request: SendRequest) -> Admission;
     /// Pushes `message` to the devices of `users` connected to this node, named by the
     /// caller's route lookup or sent to every node (`addressed`).
     async fn deliver(&self, message: Message, users: Vec<UserId>, addressed: Addressed);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use herald_proto::peer::v1::failure::Code;
 use herald_proto::peer::v1::response::Outcome;
-use herald_proto::peer::v1::{Done, Failure, InFlight, PeerFrame, Request, Response, peer_frame::Body};
+use herald_proto::peer::v1::{Done, Failure, InFlight, PeerFrame, Response, peer_frame::Body};
 use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
@@ -20,10 +20,11 @@ use tokio::task::JoinSet;
 
 use super::frame::{self, AbortOnDrop, FrameError, MAX_FRAME_BYTES, Outgoing};
 use super::handshake::{self, Rejection};
-use super::wire::Call;
+use super::wire::{Call, WireError};
 use super::{PeerHandler, PeerSecret, PeerTimeouts, ReadHalf, WriteHalf};
-use crate::model::NodeId;
-use crate::pipeline::FanOut;
+use crate::maps::HashMap;
+use crate::model::{ConnectionId, NodeId};
+use crate::pipeline::{Admission, FanOut, Settled};
 use crate::tls::Tls;
 
 /// Requests of one link being handled at once.
@@ -133,6 +134,7 @@ impl PeerServer {
         let _writer = AbortOnDrop(tokio::spawn(frame::write_queue(write, queue)).abort_handle());
         let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
         let mut reader = BufReader::new(read);
+        let mut order = SendOrder::default();
         let broken = loop {
             let request = match frame::read(&mut reader, MAX_FRAME_BYTES).await {
                 Ok(PeerFrame { body: Some(Body::Request(request)) }) => request,
@@ -141,7 +143,14 @@ impl PeerServer {
                 Err(error) => break Some(error.to_string()),
             };
             let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { break None };
-            tokio::spawn(Arc::clone(&self).answer(caller, request, outbound.clone(), permit));
+            let id = request.id;
+            let call = Call::decode(request.kind, caller, self.node);
+            // A send takes its turn here, in the order the link carried it.
+            let turn = match &call {
+                Ok(Call::Send(send)) => Some(order.turn(send.origin.connection)),
+                _ => None,
+            };
+            tokio::spawn(Arc::clone(&self).answer(caller, id, call, turn, outbound.clone(), permit));
         };
         match broken {
             None => tracing::info!(peer = %address, node = %caller, "peer link closed by the caller"),
@@ -153,13 +162,14 @@ impl PeerServer {
     async fn answer(
         self: Arc<Self>,
         caller: NodeId,
-        request: Request,
+        id: u64,
+        call: Result<Call, WireError>,
+        turn: Option<Turn>,
         outbound: mpsc::Sender<Outgoing>,
         permit: OwnedSemaphorePermit,
     ) {
-        let id = request.id;
-        let (outcome, fan_out) = match Call::decode(request.kind, caller, self.node) {
-            Ok(call) => self.run(call).await,
+        let (outcome, fan_out) = match call {
+            Ok(call) => self.run(call, turn).await,
             Err(error) => {
                 tracing::warn!(node = %caller, request = id, %error, "refused a malformed peer request");
                 (Outcome::Failure(Failure { code: Code::BadRequest.into(), message: error.to_string() }), None)
@@ -186,12 +196,25 @@ impl PeerServer {
         }
     }
 
-    /// Hands one request to the handler: its outcome, and the fan-out of a send.
-    async fn run(&self, call: Call) -> (Outcome, Option<FanOut>) {
+    /// Hands one request to the handler: its outcome, and the fan-out of a send. A send is
+    /// admitted once the sends its connection forwarded before it have been (`turn`).
+    async fn run(&self, call: Call, turn: Option<Turn>) -> (Outcome, Option<FanOut>) {
         let done = Outcome::Done(Done {});
         match call {
             Call::Send(request) => {
-                let settled = self.handler.send(request).await;
+                let admitted = match turn {
+                    Some(mut turn) => {
+                        turn.wait().await;
+                        let admitted = self.handler.admit_send(request).await;
+                        turn.done();
+                        admitted
+                    }
+                    None => self.handler.admit_send(request).await,
+                };
+                let settled = match admitted {
+                    Admission::Done(ack) => Settled { ack, fan_out: None },
+                    Admission::Wait(rest) => rest.await,
+                };
                 (Outcome::SendAck(settled.ack.ack), settled.fan_out)
             }
             Call::Deliver(message, users, addressed) => {
@@ -218,5 +241,57 @@ impl PeerServer {
                 (done, None)
             }
         }
+    }
+}
+
+/// The order in which one link's forwarded sends are admitted: per sending connection, the
+/// order the link carried them (the caller hands a connection's sends to the link one after
+/// the other). Sends of different connections do not wait for each other. Held by the
+/// link's reader alone.
+#[derive(Default)]
+struct SendOrder {
+    /// Per connection, the signal of its latest send's admission.
+    last: HashMap<ConnectionId, oneshot::Receiver<()>>,
+    /// Past this many entries, those whose send was admitted already are dropped.
+    sweep_at: usize,
+}
+
+/// Entries a link's [`SendOrder`] keeps before it first drops the settled ones.
+const SEND_ORDER_SWEEP: usize = 1024;
+
+impl SendOrder {
+    /// The next send of `connection`: it waits for the one before it.
+    fn turn(&mut self, connection: ConnectionId) -> Turn {
+        let (admitted, signal) = oneshot::channel();
+        let after = self.last.insert(connection, signal);
+        if self.last.len() > self.sweep_at.max(SEND_ORDER_SWEEP) {
+            // An entry whose send was admitted (or whose task ended) has nothing to wait for.
+            self.last.retain(|_, signal| matches!(signal.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+            self.sweep_at = self.last.len() * 2;
+        }
+        Turn { after, admitted }
+    }
+}
+
+/// One forwarded send's place in its connection's order.
+struct Turn {
+    /// Resolves once the connection's previous send was admitted (or its task ended).
+    after: Option<oneshot::Receiver<()>>,
+    /// Tells the connection's next send that this one was admitted; dropping it tells the
+    /// same, so a send whose task ends early never holds the next one up.
+    admitted: oneshot::Sender<()>,
+}
+
+impl Turn {
+    /// Waits until the connection's previous send was admitted.
+    async fn wait(&mut self) {
+        if let Some(after) = self.after.take() {
+            let _ = after.await;
+        }
+    }
+
+    /// This send was admitted: the connection's next one may go.
+    fn done(self) {
+        let _ = self.admitted.send(());
     }
 }

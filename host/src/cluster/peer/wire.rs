@@ -172,6 +172,7 @@ fn route_from(route: wire::Route) -> Result<Route, WireError> {
         node: NodeId(route.node),
         connection: ConnectionId(route.connection),
         connected_at_ms: route.connected_at_ms,
+        parked: false,
     })
 }
 
@@ -209,6 +210,7 @@ mod tests {
             node: NodeId(3),
             connection: ConnectionId(99),
             connected_at_ms: 5,
+            parked: false,
         };
         let conversation = ConversationId::parse("dm:alice:bob").expect("valid");
         for addressed in [Addressed::ByRoute, Addressed::Everywhere] {
@@ -282,6 +284,7 @@ mod tests {
             node: NodeId(9),
             connection: ConnectionId(1),
             connected_at_ms: 0,
+            parked: false,
         };
         assert!(matches!(
             Call::decode(Some(kick(&route)), NodeId(1), NodeId(3)),

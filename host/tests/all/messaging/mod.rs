@@ -19,10 +19,12 @@ mod nodes;
 mod raw;
 mod server;
 mod token;
+mod world;
 
 mod admin_page;
 mod auth_table;
 mod authz_table;
+mod behaviour;
 mod chat;
 mod cluster_faults;
 mod cluster_nodes;
