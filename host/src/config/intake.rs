@@ -27,11 +27,20 @@ pub struct IntakeConfig {
     /// this node; at the cap a new send is answered RETRY. Bounds memory under a spike and
     /// keeps a backed-up node from queueing more. 0: no cap.
     pub max_sends_in_flight: usize,
+    /// The wait for its ack, in ms, within which at least one send the node took in must be
+    /// answered every 100 ms; when none was over a whole window, the node is queueing more
+    /// than it serves just then (Redis or the database slow, an owner node overloaded, the
+    /// machine shared), and new sends get RETRY until one is answered within it again. It
+    /// acts long before the deadlines further in pass (a forwarded send's 2 s, a delivery
+    /// hop's), which would turn the backlog into resends, fan-outs sent to every node and
+    /// deliveries left to sync. 0: off.
+    pub send_delay_target_ms: u32,
     /// The least wait, in ms, told to a send refused for the node's sake. Over
     /// `sends_per_node`, each turned-back send is given a turn: the first this far off,
     /// the next `1 / sends_per_node` later, and so on, so the clients come back at the
     /// pace the node takes sends in (the bucket's own wait, a fraction of a millisecond,
-    /// would bring them all back at once). Over `max_sends_in_flight`, a wait between
+    /// would bring them all back at once). Over `max_sends_in_flight` or past
+    /// `send_delay_target_ms`, a wait between
     /// this and twice this, at random. A connection's or user's own bucket tells its
     /// exact wait.
     pub node_retry_after_ms: u32,
@@ -60,6 +69,7 @@ impl Default for IntakeConfig {
             sends_per_node: 0,
             node_burst: 0,
             max_sends_in_flight: 50_000,
+            send_delay_target_ms: 500,
             node_retry_after_ms: 100,
             node_retry_after_max_ms: 10_000,
             http_requests_per_ip: 1_000,

@@ -213,14 +213,16 @@ fn reply_later<R>(
 }
 
 /// Writes a queued send's ack once it is settled, then runs its fan-out; the send counts
-/// in the node's backlog (`_in_flight`) until both are done.
+/// in the node's backlog (`in_flight`) until both are done, and its wait is what the
+/// intake's delay gate watches.
 async fn answer_when_settled(
     connection: Arc<Connection>,
     rest: std::pin::Pin<Box<dyn Future<Output = crate::pipeline::Settled> + Send>>,
-    _in_flight: InFlight,
+    in_flight: InFlight,
     received: Instant,
 ) {
     let settled = rest.await;
+    in_flight.answered(received.elapsed());
     answer(&connection, ack_frame(settled.ack), received);
     if let Some(fan_out) = settled.fan_out {
         fan_out.await;

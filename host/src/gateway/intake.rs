@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, NotUntil, Quota, RateLimiter};
 
+use super::delay::DelayGate;
 use crate::config::IntakeConfig;
 use crate::maps::DashMap;
 use crate::model::UserId;
@@ -41,6 +42,8 @@ pub enum Limit {
     Node,
     /// `intake.max_sends_in_flight`.
     Backlog,
+    /// `intake.send_delay_target_ms`.
+    Delay,
     /// `intake.http_requests_per_ip`.
     HttpClient,
     /// `intake.max_connections`.
@@ -57,6 +60,7 @@ impl Limit {
             Self::User => "user",
             Self::Node => "node",
             Self::Backlog => "backlog",
+            Self::Delay => "delay",
             Self::HttpClient => "http_client",
             Self::Connections => "connections",
             Self::ConnectionsPerIp => "connections_per_ip",
@@ -70,6 +74,7 @@ impl Limit {
             Self::User => "too many sends by this user (intake.sends_per_user); retry later",
             Self::Node => "the server is taking in all it can (intake.sends_per_node); retry later",
             Self::Backlog => "the server's backlog is full (intake.max_sends_in_flight); retry later",
+            Self::Delay => "the server answers sends slowly just now (intake.send_delay_target_ms); retry later",
             Self::HttpClient => "too many requests from this address (intake.http_requests_per_ip); retry later",
             Self::Connections => "this server holds all the connections it may (intake.max_connections)",
             Self::ConnectionsPerIp => "too many connections from this address (intake.max_connections_per_ip)",
@@ -153,11 +158,22 @@ impl FrameBudget {
 /// A send taken in: counts in the node's backlog until dropped (once it is acked and
 /// pushed, or refused).
 #[must_use = "the send counts in the backlog while this is held"]
-pub struct InFlight(Arc<AtomicUsize>);
+pub struct InFlight {
+    backlog: Arc<AtomicUsize>,
+    gate: Arc<DelayGate>,
+}
+
+impl InFlight {
+    /// The send was answered after waiting `waited` for its ack: what the delay gate
+    /// watches.
+    pub fn answered(&self, waited: Duration) {
+        self.gate.answered(waited, self.backlog.load(Ordering::Relaxed) > 1);
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.backlog.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -188,6 +204,8 @@ pub struct Intake {
     per_node: Option<DefaultDirectRateLimiter>,
     per_http_client: Option<DefaultKeyedRateLimiter<IpAddr>>,
     in_flight: Arc<AtomicUsize>,
+    /// Turns new sends back while none taken in is answered quickly.
+    delay: Arc<DelayGate>,
     /// The next turn [`Intake::next_turn`] hands out, µs after `started`.
     next_turn_us: AtomicU64,
     started: std::time::Instant,
@@ -205,6 +223,7 @@ impl Intake {
             per_http_client: quota(config.http_requests_per_ip, config.http_burst).map(RateLimiter::keyed),
             clock: DefaultClock::default(),
             in_flight: Arc::new(AtomicUsize::new(0)),
+            delay: Arc::new(DelayGate::new(Duration::from_millis(u64::from(config.send_delay_target_ms)))),
             next_turn_us: AtomicU64::new(0),
             started: std::time::Instant::now(),
             connections: AtomicUsize::new(0),
@@ -266,17 +285,20 @@ impl Intake {
     }
 
     /// Takes in one send by `user` on the connection whose bucket is `budget`, or says
-    /// which limit refuses it and for how long. Checked in order: the backlog, the
-    /// connection, the user, the node (a send refused late has used the earlier buckets'
+    /// which limit refuses it and for how long. Checked in order: the backlog, the delay
+    /// gate, the connection, the user, the node (a send refused late has used the earlier buckets'
     /// tokens, as an attempt should).
     ///
     /// # Errors
     /// [`Refused`] naming the limit and when to retry.
     pub fn admit_send(&self, budget: &SendBudget, user: &UserId) -> Result<InFlight, Refused> {
         let taken = self.in_flight.fetch_add(1, Ordering::Relaxed);
-        let in_flight = InFlight(Arc::clone(&self.in_flight));
+        let in_flight = InFlight { backlog: Arc::clone(&self.in_flight), gate: Arc::clone(&self.delay) };
         if self.config.max_sends_in_flight > 0 && taken >= self.config.max_sends_in_flight {
             return Err(Refused::new(Limit::Backlog, self.spread_floor()));
+        }
+        if self.delay.is_shut(taken > 0) {
+            return Err(Refused::new(Limit::Delay, self.spread_floor()));
         }
         if let Some(limiter) = &budget.0 {
             limiter.check().map_err(|wait| self.refused(Limit::Connection, &wait))?;
@@ -349,7 +371,7 @@ impl Intake {
         Duration::from_micros(turn - now).max(wait)
     }
 
-    /// The wait told to a send the backlog cap refused: `node_retry_after_ms` to twice
+    /// The wait told to a send the backlog cap or the delay gate refused: `node_retry_after_ms` to twice
     /// that, at random, so the clients turned back do not all return at once.
     fn spread_floor(&self) -> Duration {
         let floor = u64::from(self.config.node_retry_after_ms);
@@ -409,6 +431,25 @@ mod tests {
         assert_eq!(refused.limit, Limit::User);
         assert!(intake.admit_send(&intake.send_budget(), &user("bob")).is_ok(), "bob has his own");
         assert_eq!(intake.per_user.as_ref().map_or(0, RateLimiter::len), 2, "a bucket per user");
+    }
+
+    /// The gate itself is tested in `delay.rs`; here, that its verdict reaches the intake.
+    /// The sleeps only end a window (set-up); what is refused does not depend on their length.
+    #[test]
+    fn sends_answered_slowly_for_a_whole_window_turn_new_ones_back_until_one_is_quick() {
+        let intake = Intake::new(IntakeConfig { send_delay_target_ms: 10, ..config() });
+        let budget = intake.send_budget();
+        let still_waiting = intake.admit_send(&budget, &user("a")).expect("taken in");
+        let slow = intake.admit_send(&budget, &user("a")).expect("taken in");
+        slow.answered(Duration::from_millis(50));
+        drop(slow);
+        std::thread::sleep(super::super::delay::WINDOW);
+        let refused = intake.admit_send(&budget, &user("a")).err().expect("refused");
+        assert_eq!((refused.limit, refused.limit.label()), (Limit::Delay, "delay"));
+        assert!(refused.retry_after >= Duration::from_millis(100), "node_retry_after_ms at least: {refused:?}");
+        still_waiting.answered(Duration::from_millis(2));
+        std::thread::sleep(super::super::delay::WINDOW);
+        assert!(intake.admit_send(&budget, &user("a")).is_ok(), "one quick answer opens it again");
     }
 
     #[test]

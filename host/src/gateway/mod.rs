@@ -19,6 +19,7 @@
 
 pub mod auth;
 pub mod connection;
+pub mod delay;
 mod dispatch;
 pub mod intake;
 pub mod redirect;
