@@ -204,14 +204,15 @@ impl PeerBus {
         }
         // The inner result is the peer's answer: a refusal is an answer, and says nothing
         // against the link.
-        // Whether the request was handed to an open link: a deadline that passes after that
-        // leaves open whether the peer carried it out; one that passes while the link is
-        // still being opened does not.
+        // Whether the request is in an open link's queue, from where it goes out whatever
+        // this call does: a deadline that passes after that leaves open whether the peer
+        // carried it out; one that passes while the link is still being opened, or while
+        // the request waits for room in a full queue, does not (it never leaves, and a
+        // delivery hop counted as possibly landed would never be asked again).
         let handed_over = AtomicBool::new(false);
         let exchange = async {
             let link = self.link(node, &peer).await?;
-            handed_over.store(true, Ordering::Relaxed);
-            match link.call(request, queued).await {
+            match link.call(request, queued, &handed_over).await {
                 Ok(Some(Outcome::Failure(Failure { message, .. }))) => {
                     Ok(Err(BusError::Failed { node, reason: format!("node {node} refused the request: {message}") }))
                 }

@@ -8,7 +8,7 @@
 //! one on the next call).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -109,15 +109,21 @@ impl Link {
         self.address
     }
 
-    /// Sends one request and waits for its outcome; the caller bounds the wait. `queued` is
-    /// told once the request is in the writer's queue, behind every request queued before
-    /// it (dropped unsent when it never gets there).
+    /// Sends one request and waits for its outcome; the caller bounds the wait. Once the
+    /// request is in the writer's queue, behind every request queued before it, `sent` is
+    /// set and `queued` told (dropped unsent when it never gets there): from then on the
+    /// request goes out even if the caller stops waiting, and the peer may carry it out.
     ///
     /// # Errors
     /// Why no outcome came, and whether the request left: [`CallError::NotSent`] when it is
     /// too large for a frame or the link had closed, [`CallError::Broken`] when the link
     /// closed after it was queued.
-    pub(super) async fn call(&self, kind: WireKind, queued: Option<Queued>) -> Result<Option<Outcome>, CallError> {
+    pub(super) async fn call(
+        &self,
+        kind: WireKind,
+        queued: Option<Queued>,
+        sent: &AtomicBool,
+    ) -> Result<Option<Outcome>, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = PeerFrame { body: Some(Body::Request(Request { id, kind: Some(kind) })) };
         let frame = frame::encode(&frame)
@@ -128,6 +134,7 @@ impl Link {
         if self.outbound.send(Outgoing { frame, written: None }).await.is_err() {
             return Err(CallError::NotSent(self.pending.reason()));
         }
+        sent.store(true, Ordering::Relaxed);
         if let Some(queued) = queued {
             let _ = queued.send(());
         }

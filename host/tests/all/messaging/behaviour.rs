@@ -247,10 +247,9 @@ async fn a_starting_node_does_not_take_its_own_warm_up_for_load(topology: Topolo
     configure(&dir, "degrade-tiers", "hold_ms = 10000\n[config.pull_only]\ncpu_load = 0.25\n");
     let (plugins, interval) = (dir.path().display().to_string(), INTERVAL_MS.to_string());
     let world = World::start(topology, &[("PLUGINS", &plugins), ("DELIVERY__DEGRADE_INTERVAL_MS", &interval)]).await;
-    let nodes = if world.is_cluster() { 3 } else { 1 };
     // "Must not happen" for twenty sample intervals from the moment every node answers.
     for _ in 0..20 {
-        for at in 0..nodes {
+        for at in 0..world.count() {
             let health = world.node(at).get("/admin/health", Some(DEV_KEY)).await.json();
             assert_eq!(health["tier"], "normal", "node {at} degraded itself while starting: {health}");
         }
@@ -266,7 +265,81 @@ async fn a_starting_node_does_not_take_its_own_warm_up_for_load(topology: Topolo
     world.stop().await;
 }
 
+/// A device that never reads while a lot is sent to it overflows its queue and is closed
+/// with 4008; the sender is never held back, and another device on the same node keeps
+/// getting its messages. Back, the slow device pulls what it missed.
+async fn a_device_that_never_reads_is_closed_and_nobody_else_waits_for_it(topology: Topology) {
+    const SLOW: &str = "never-reads";
+    let world = World::start(topology, &[("GATEWAY__SEND_QUEUE", "16")]).await;
+    let conversation = dm("flood", "slow");
+    let places = world.places("flood", &conversation).await;
+    // From here on `slow` never reads: its socket buffers fill, then its queue.
+    let mut slow = world.connect(places.recipient, "slow", SLOW).await;
+    let mut flood = world.connect(places.sender, "flood", "laptop").await;
+    let mut dave = world.connect(places.recipient, "dave", "phone").await;
+    let body = vec![b'x'; 32 * 1024];
+    let mut sent = 0;
+    // Up to 1,000 messages of 32 KiB, each acked OK: never held back by the slow one.
+    while sent < 1_000 && world.is_online(places.recipient, "slow", SLOW).await {
+        for _ in 0..8 {
+            flood.send_ok(&conversation, &body).await;
+        }
+        sent += 8;
+    }
+    let beside = flood.send_ok(&dm("dave", "flood"), "meanwhile").await;
+    dave.deliver_of(beside.message_id).await;
+    let closed = slow.expect_closed(super::WAIT).await;
+    assert_eq!(closed.code, Some(4008), "after {sent} messages of 32 KiB: {closed:?}");
+
+    let mut back = world.connect(places.recipient, "slow", SLOW).await;
+    let reply = back.sync(&[(&conversation, 0)], 10).await;
+    assert!(
+        reply.conversations.iter().any(|c| c.conversation == conversation && !c.messages.is_empty()),
+        "back, sync returns the flood: {reply:?}"
+    );
+    world.stop().await;
+}
+
+/// A node stopped as a service manager stops it tells its devices where to go (`go_away`,
+/// then 1012); a device that goes there gets what was sent while it moved.
+async fn a_stopping_node_hands_its_devices_over_and_nothing_is_lost(topology: Topology) {
+    let mut world = World::start(topology, &[("GATEWAY__GO_AWAY_SPREAD_MS", "200")]).await;
+    let conversation = dm("alice", "bob");
+    let places = world.places("alice", &conversation).await;
+    let mut alice = world.connect(places.sender, "alice", "laptop").await;
+    let mut bob = world.connect(places.recipient, "bob", "phone").await;
+    let before = alice.send_ok(&conversation, "before the move").await;
+    bob.deliver_of(before.message_id).await;
+    bob.deliver_ack(&conversation, before.seq).await;
+
+    world.terminate(places.recipient).await;
+    let go_away = bob
+        .wait_for("go_away", super::WAIT, |frame| match &frame.body {
+            Some(v1::frame::Body::GoAway(go_away)) => Some(go_away.clone()),
+            _ => None,
+        })
+        .await;
+    bob.expect_close_code(1012, "after go_away").await;
+    let to = if world.is_cluster() {
+        let to = world.node_at(&go_away.reconnect_url);
+        assert!(to.is_some_and(|at| at != places.recipient), "another live node: {go_away:?}");
+        to.expect("a node")
+    } else {
+        // One node: the device comes back to it once it is up again, as does its sender.
+        world.restart(0).await;
+        alice = world.connect(0, "alice", "laptop").await;
+        0
+    };
+    let after = alice.send_ok(&conversation, "while you moved").await;
+    let mut bob = world.connect(to, "bob", "phone").await;
+    let message = bob.deliver_of(after.message_id).await.message.expect("a message");
+    assert_eq!(message.body.as_ref(), b"while you moved");
+    world.stop().await;
+}
+
 on_both_topologies!(
+    a_device_that_never_reads_is_closed_and_nobody_else_waits_for_it,
+    a_stopping_node_hands_its_devices_over_and_nothing_is_lost,
     a_starting_node_does_not_take_its_own_warm_up_for_load,
     a_direct_chat_arrives_in_order_both_ways,
     pipelined_sends_of_one_device_keep_the_order_sent,

@@ -84,19 +84,46 @@ impl World {
     /// the server has noticed the connection is gone.
     pub async fn wait_until_offline(&self, user: &str, device: &str) {
         let deadline = Instant::now() + WAIT;
-        let path = format!("/v1/users/{user}/presence");
-        loop {
-            let presence = self.node(0).get(&path, Some(DEV_KEY)).await;
-            assert_eq!(presence.status, 200, "{presence:?}");
-            let online = presence.json()["devices"]
-                .as_array()
-                .is_some_and(|devices| devices.iter().any(|entry| entry["device"] == device));
-            if !online {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{user}/{device} still online: {presence:?}\n{}", self.log_tails());
+        while self.is_online(0, user, device).await {
+            assert!(Instant::now() < deadline, "{user}/{device} still online\n{}", self.log_tails());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// SIGTERM of node `at`, as a service manager stops it: it drains (`go_away` to every
+    /// client) and exits; waits for that and checks it exited cleanly.
+    pub async fn terminate(&mut self, at: usize) {
+        match self {
+            Self::One(herald) => assert!(herald.terminate().await, "the node exits cleanly\n{}", herald.log_tail()),
+            Self::Three(nodes) => nodes.terminate(at).await,
+        }
+    }
+
+    /// Starts node `at` again on its data (on one node, on a new port).
+    pub async fn restart(&mut self, at: usize) {
+        match self {
+            Self::One(herald) => herald.restart().await,
+            Self::Three(nodes) => nodes.restart(at).await,
+        }
+    }
+
+    /// The node whose client URL is `url`, if one is.
+    pub fn node_at(&self, url: &str) -> Option<usize> {
+        (0..self.count()).find(|&at| self.node(at).ws_url() == url)
+    }
+
+    /// How many nodes there are.
+    pub fn count(&self) -> usize {
+        if self.is_cluster() { 3 } else { 1 }
+    }
+
+    /// Whether any node lists `user`'s `device` as online, asked of node `at`.
+    pub async fn is_online(&self, at: usize, user: &str, device: &str) -> bool {
+        let presence = self.node(at).get(&format!("/v1/users/{user}/presence"), Some(DEV_KEY)).await;
+        assert_eq!(presence.status, 200, "{presence:?}");
+        presence.json()["devices"]
+            .as_array()
+            .is_some_and(|devices| devices.iter().any(|entry| entry["device"] == device))
     }
 
     /// The last log lines of every node.
