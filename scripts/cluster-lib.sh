@@ -1,7 +1,13 @@
 # Shared by the cluster benchmarks (cluster-loadtest.sh, cluster-overload-bench.sh): nodes
 # of a cluster on this box on the local PostgreSQL and Redis, each run on a fresh database
 # and key prefix removed at the end, and the counters of how delivery fell back. Source it
-# after lib.sh and services.sh; it sets an EXIT trap.
+# after lib.sh and services.sh: it makes sure PostgreSQL and Redis are up, builds the release
+# binaries, and sets an EXIT trap.
+
+ensure_postgres
+ensure_redis
+say "building release binaries"
+cargo build --release --locked --bin herald --bin herald-loadgen >&2
 
 admin=${HERALD_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}
 redis_url=${HERALD_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}

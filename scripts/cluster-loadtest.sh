@@ -32,11 +32,6 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 . scripts/services.sh
 
-ensure_postgres
-ensure_redis
-say "building release binaries"
-cargo build --release --locked --bin herald --bin herald-loadgen >&2
-
 export WARMUP=${WARMUP:-10}
 . scripts/cluster-lib.sh
 
