@@ -5,7 +5,8 @@
 //! that hands each response to the request waiting for it. When either ends, the link is
 //! closed: every request waiting on it fails at once with the reason, and none can start on
 //! it any more ([`Link::is_open`] turns false, and [`PeerBus`](super::PeerBus) opens a new
-//! one on the next call).
+//! one on the next call). A link dropped while requests are queued still writes them (for a
+//! few seconds at most): each went out as far as its caller knows.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,8 +43,37 @@ pub(super) struct Link {
     outbound: mpsc::Sender<Outgoing>,
     /// Requests waiting for their response.
     pending: Arc<Pending>,
-    /// The reader and writer tasks, stopped when the link is dropped.
-    _tasks: [AbortOnDrop; 2],
+    /// The reader task, stopped when the link is dropped.
+    _reader: AbortOnDrop,
+    /// The writer task, which outlives the link for as long as it takes to write what was
+    /// queued (see [`Flush`]).
+    _writer: Flush,
+}
+
+/// How long a dropped link's writer may still take to write what was queued before it.
+const FLUSH_GRACE: Duration = Duration::from_secs(5);
+
+/// Lets a dropped link's writer finish what was queued, within [`FLUSH_GRACE`]. A request
+/// in the queue counts as gone out ([`Link::call`] said so), and a caller that stopped
+/// waiting for its answer will not ask again (a delivery hop counted late): dropping the
+/// link — a breaker that opened replaces it — must not drop the request with it. The
+/// queue's sender goes with the link, so the writer ends once the queue is empty; a socket
+/// that takes nothing more is given up after the grace.
+struct Flush(tokio::task::AbortHandle);
+
+impl Drop for Flush {
+    fn drop(&mut self) {
+        let writer = self.0.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(FLUSH_GRACE).await;
+                    writer.abort();
+                });
+            }
+            Err(_) => writer.abort(),
+        }
+    }
 }
 
 impl Link {
@@ -94,10 +124,10 @@ impl Link {
                 pending.close(reason);
             }
         });
-        let writer = AbortOnDrop(writer.abort_handle());
+        let writer = Flush(writer.abort_handle());
         let reader = tokio::spawn(read_responses(node, BufReader::new(read), Arc::clone(&pending)));
         let reader = AbortOnDrop(reader.abort_handle());
-        Ok(Self { address, next_id: AtomicU64::new(1), outbound, pending, _tasks: [reader, writer] })
+        Ok(Self { address, next_id: AtomicU64::new(1), outbound, pending, _reader: reader, _writer: writer })
     }
 
     /// Whether requests can still be sent on this link.

@@ -52,6 +52,9 @@ async fn a_database_that_stops_answering_opens_the_store_breaker_and_traffic_res
         .set("STORAGE__GROUP_COMMIT__BREAKER_SPAN_MS", 0)
         .set("STORAGE__GROUP_COMMIT__BREAKER_OPEN_MS", 1_000)
         .set("DELIVERY__DEGRADE_INTERVAL_MS", 100)
+        // The intake's delay gate would turn sends back first, after the first slow answer,
+        // and keep them from the store: this test is about the store's own breaker.
+        .set("INTAKE__SEND_DELAY_TARGET_MS", 0)
         .start()
         .await;
     let mut alice = Client::connect(&herald, "alice", "phone").await;
