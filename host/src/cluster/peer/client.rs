@@ -212,7 +212,13 @@ impl PeerBus {
         let handed_over = AtomicBool::new(false);
         let exchange = async {
             let link = self.link(node, &peer).await?;
-            match link.call(request, queued, &handed_over).await {
+            let on_queued = || {
+                handed_over.store(true, Ordering::Relaxed);
+                if let Some(queued) = queued {
+                    let _ = queued.send(());
+                }
+            };
+            match link.call(request, on_queued).await {
                 Ok(Some(Outcome::Failure(Failure { message, .. }))) => {
                     Ok(Err(BusError::Failed { node, reason: format!("node {node} refused the request: {message}") }))
                 }

@@ -9,7 +9,7 @@
 //! few seconds at most): each went out as far as its caller knows.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +22,6 @@ use super::frame::{self, AbortOnDrop, FrameError, MAX_FRAME_BYTES, Outgoing};
 use super::{PeerSecret, ReadHalf, WriteHalf, handshake};
 use crate::maps::HashMap;
 use crate::model::NodeId;
-use crate::routing::bus::Queued;
 use crate::tls::Tls;
 
 /// Frames waiting for a link's writer. A caller finding it full waits, within its deadline:
@@ -140,9 +139,9 @@ impl Link {
     }
 
     /// Sends one request and waits for its outcome; the caller bounds the wait. Once the
-    /// request is in the writer's queue, behind every request queued before it, `sent` is
-    /// set and `queued` told (dropped unsent when it never gets there): from then on the
-    /// request goes out even if the caller stops waiting, and the peer may carry it out.
+    /// request is in the writer's queue, behind every request queued before it,
+    /// `on_queued` runs (never, when it does not get there): from then on the request goes
+    /// out even if the caller stops waiting, and the peer may carry it out.
     ///
     /// # Errors
     /// Why no outcome came, and whether the request left: [`CallError::NotSent`] when it is
@@ -151,8 +150,7 @@ impl Link {
     pub(super) async fn call(
         &self,
         kind: WireKind,
-        queued: Option<Queued>,
-        sent: &AtomicBool,
+        on_queued: impl FnOnce() + Send,
     ) -> Result<Option<Outcome>, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = PeerFrame { body: Some(Body::Request(Request { id, kind: Some(kind) })) };
@@ -164,10 +162,7 @@ impl Link {
         if self.outbound.send(Outgoing { frame, written: None }).await.is_err() {
             return Err(CallError::NotSent(self.pending.reason()));
         }
-        sent.store(true, Ordering::Relaxed);
-        if let Some(queued) = queued {
-            let _ = queued.send(());
-        }
+        on_queued();
         answer.await.unwrap_or_else(|_| Err(self.pending.reason())).map_err(CallError::Broken)
     }
 }

@@ -198,19 +198,16 @@ impl PeerServer {
 
     /// Hands one request to the handler: its outcome, and the fan-out of a send. A send is
     /// admitted once the sends its connection forwarded before it have been (`turn`).
-    async fn run(&self, call: Call, turn: Option<Turn>) -> (Outcome, Option<FanOut>) {
+    async fn run(&self, call: Call, mut turn: Option<Turn>) -> (Outcome, Option<FanOut>) {
         let done = Outcome::Done(Done {});
         match call {
             Call::Send(request) => {
-                let admitted = match turn {
-                    Some(mut turn) => {
-                        turn.wait().await;
-                        let admitted = self.handler.admit_send(request).await;
-                        turn.done();
-                        admitted
-                    }
-                    None => self.handler.admit_send(request).await,
-                };
+                if let Some(turn) = turn.as_mut() {
+                    turn.wait().await;
+                }
+                let admitted = self.handler.admit_send(request).await;
+                // Admitted: the connection's next send may be.
+                drop(turn);
                 let settled = match admitted {
                     Admission::Done(ack) => Settled { ack, fan_out: None },
                     Admission::Wait(rest) => rest.await,
@@ -250,7 +247,7 @@ impl PeerServer {
 /// link's reader alone.
 #[derive(Default)]
 struct SendOrder {
-    /// Per connection, the signal of its latest send's admission.
+    /// Per connection, what its latest send's turn tells when dropped.
     last: HashMap<ConnectionId, oneshot::Receiver<()>>,
     /// Past this many entries, those whose send was admitted already are dropped.
     sweep_at: usize,
@@ -265,21 +262,21 @@ impl SendOrder {
         let (admitted, signal) = oneshot::channel();
         let after = self.last.insert(connection, signal);
         if self.last.len() > self.sweep_at.max(SEND_ORDER_SWEEP) {
-            // An entry whose send was admitted (or whose task ended) has nothing to wait for.
+            // An entry whose send was admitted (its turn dropped) has nothing to wait for.
             self.last.retain(|_, signal| matches!(signal.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
             self.sweep_at = self.last.len() * 2;
         }
-        Turn { after, admitted }
+        Turn { after, _holds_the_next: admitted }
     }
 }
 
-/// One forwarded send's place in its connection's order.
+/// One forwarded send's place in its connection's order: dropped once the send is
+/// admitted, which lets the connection's next send go (so does a task that ends early).
 struct Turn {
-    /// Resolves once the connection's previous send was admitted (or its task ended).
+    /// Resolves once the connection's previous send's turn was dropped.
     after: Option<oneshot::Receiver<()>>,
-    /// Tells the connection's next send that this one was admitted; dropping it tells the
-    /// same, so a send whose task ends early never holds the next one up.
-    admitted: oneshot::Sender<()>,
+    /// Held until this send is admitted; its receiver is the next send's `after`.
+    _holds_the_next: oneshot::Sender<()>,
 }
 
 impl Turn {
@@ -288,10 +285,5 @@ impl Turn {
         if let Some(after) = self.after.take() {
             let _ = after.await;
         }
-    }
-
-    /// This send was admitted: the connection's next one may go.
-    fn done(self) {
-        let _ = self.admitted.send(());
     }
 }
