@@ -28,6 +28,9 @@ pub struct ClusterConfig {
     /// How long a node keeps a user's routes read from Redis (a login anywhere drops
     /// them at once, everywhere). 0 turns the cache off.
     pub route_cache_ms: u64,
+    /// How long past `route_cache_ms` a cached user's routes are still used when Redis
+    /// cannot be read (rather than asking every node to push). 0: never.
+    pub route_cache_stale_ms: u64,
     /// The URL clients reach this node at (`ws://host:port/v1/ws`), which a draining node's
     /// `go_away` names to send its clients to another node; unset: built from `listen`.
     pub client_url: Option<String>,
@@ -55,6 +58,7 @@ impl Default for ClusterConfig {
             virtual_nodes: 160,
             key_prefix: "herald:".to_owned(),
             route_cache_ms: 3_000,
+            route_cache_stale_ms: 30_000,
             client_url: None,
             breaker_failures: 10,
             breaker_span_ms: 1_000,
@@ -85,6 +89,15 @@ impl ClusterConfig {
     /// How long routes are cached.
     pub fn route_cache_ttl(&self) -> Duration {
         Duration::from_millis(self.route_cache_ms)
+    }
+
+    /// The longest age at which cached routes are used when Redis cannot be read (zero:
+    /// never).
+    pub fn route_cache_stale(&self) -> Duration {
+        match self.route_cache_stale_ms {
+            0 => Duration::ZERO,
+            past => Duration::from_millis(self.route_cache_ms.saturating_add(past)),
+        }
     }
 
     /// The lease TTL.

@@ -32,7 +32,7 @@ use crate::delivery::sessions::Sessions;
 use crate::ids::SeqAllocator;
 use crate::model::NodeId;
 use crate::plugins::{Hook, PluginHost, PluginKv, RateLimiter};
-use crate::routing::cache::CachedRoutes;
+use crate::routing::cache::{CacheLifetimes, CachedRoutes};
 use crate::routing::rooms::{RoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::Topology;
@@ -164,8 +164,8 @@ impl Cluster {
                 .with_breakers(settings.breaker())
                 .with_tls(tls.clone()),
         );
-        let cached_routes =
-            Arc::new(CachedRoutes::new(Arc::clone(&routes) as _, settings.route_cache_ttl(), ROUTE_CACHE_USERS));
+        let lifetimes = CacheLifetimes { fresh: settings.route_cache_ttl(), stale: settings.route_cache_stale() };
+        let cached_routes = Arc::new(CachedRoutes::new(Arc::clone(&routes) as _, lifetimes, ROUTE_CACHE_USERS));
         cached_routes.announce_to(Arc::clone(&bus) as _);
         let client_urls = ClientUrls::new(redis.clone(), keys.clone(), RedisTimeouts::default());
         Ok(Self {

@@ -31,6 +31,14 @@
 //! route if Redis still has it and announces the change
 //! ([`forget_stale`](RouteTable::forget_stale)), so every node drops its entry then, not
 //! at the TTL.
+//!
+//! An entry past its TTL is kept a while longer (`cluster.route_cache_stale_ms`) as the
+//! answer of last resort: when the table cannot be read (a lookup past its deadline, Redis
+//! down), a lookup whose every missed user still has such an entry is answered from them
+//! rather than failing. The failure would send the fan-out to every node, work that grows
+//! with the very overload that made the lookup late. Nothing a fresh entry would not hide
+//! is hidden: a login announced here dropped the entry, stale or not, so a stale entry is
+//! one no announced change has touched since it was read.
 
 use std::hash::BuildHasher as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +49,7 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 use moka::sync::Cache;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::{Route, RouteError, RouteTable};
 use crate::maps::{HashMap, Keyed};
@@ -88,11 +97,29 @@ type Answer = Option<Result<Arc<[Route]>, String>>;
 /// and where its answer will appear.
 type Flight = (u64, watch::Receiver<Answer>);
 
+/// A user's routes as read (empty: no device connected), and when the read began.
+#[derive(Clone)]
+struct Entry {
+    read_at: Instant,
+    routes: Arc<[Route]>,
+}
+
+/// How long entries are used: fresh, then as the answer of last resort.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheLifetimes {
+    /// An entry younger than this answers lookups.
+    pub fresh: Duration,
+    /// An older one, up to this age, answers only when the table cannot be read (zero:
+    /// never).
+    pub stale: Duration,
+}
+
 /// A [`RouteTable`] that remembers lookups of `inner` for a short time.
 pub struct CachedRoutes {
     inner: Arc<dyn RouteTable>,
-    /// user → their routes (empty: no device connected).
-    entries: Cache<UserId, Arc<[Route]>, Keyed>,
+    /// user → their routes, kept as long as either lifetime.
+    entries: Cache<UserId, Entry, Keyed>,
+    lifetimes: CacheLifetimes,
     /// Bumped when every entry is dropped; a lookup stores nothing if it moved.
     cleared: AtomicU64,
     /// Bumped by every change of a user of the stripe; a lookup stores a user's answer only
@@ -132,12 +159,14 @@ impl Drop for Leading<'_> {
 }
 
 impl CachedRoutes {
-    /// Caches lookups of `inner` for `ttl`, at most `capacity` users.
-    pub fn new(inner: Arc<dyn RouteTable>, ttl: Duration, capacity: u64) -> Self {
-        let entries = Cache::builder().time_to_live(ttl).max_capacity(capacity).build_with_hasher(Keyed::default());
+    /// Caches lookups of `inner` for their `lifetimes`, at most `capacity` users.
+    pub fn new(inner: Arc<dyn RouteTable>, lifetimes: CacheLifetimes, capacity: u64) -> Self {
+        let kept = lifetimes.fresh.max(lifetimes.stale);
+        let entries = Cache::builder().time_to_live(kept).max_capacity(capacity).build_with_hasher(Keyed::default());
         Self {
             inner,
             entries,
+            lifetimes,
             cleared: AtomicU64::new(0),
             changes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
             striping: Keyed::default(),
@@ -206,6 +235,7 @@ impl CachedRoutes {
         }
         let cleared = self.cleared.load(Ordering::SeqCst);
         let before: Vec<u64> = leading.users.iter().map(|user| self.changes_of(user).load(Ordering::SeqCst)).collect();
+        let read_at = Instant::now();
         let mut looked_up = match self.inner.devices_of(&leading.users).await {
             Ok(looked_up) => looked_up,
             Err(error) => {
@@ -221,7 +251,7 @@ impl CachedRoutes {
             let routes = looked_up.remove(user).unwrap_or_default();
             let shared: Arc<[Route]> = routes.clone().into();
             if none_cleared && self.changes_of(user).load(Ordering::SeqCst) == before {
-                self.entries.insert(user.clone(), Arc::clone(&shared));
+                self.entries.insert(user.clone(), Entry { read_at, routes: Arc::clone(&shared) });
             }
             answer.send_replace(Some(Ok(shared)));
             if !routes.is_empty() {
@@ -323,14 +353,22 @@ impl RouteTable for CachedRoutes {
     async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
         let mut found = HashMap::with_capacity_and_hasher(users.len(), Default::default());
         let mut missing = Vec::new();
+        // The missed users' entries past their TTL, while every one has one.
+        let mut stale = Some(Vec::new());
         for user in users {
             match self.entries.get(user) {
-                Some(routes) => {
-                    if !routes.is_empty() {
-                        found.insert(user.clone(), routes.to_vec());
+                Some(entry) if entry.read_at.elapsed() < self.lifetimes.fresh => {
+                    if !entry.routes.is_empty() {
+                        found.insert(user.clone(), entry.routes.to_vec());
                     }
                 }
-                None => missing.push(user.clone()),
+                entry => {
+                    match (&mut stale, entry) {
+                        (Some(kept), Some(entry)) if !self.lifetimes.stale.is_zero() => kept.push((user.clone(), entry)),
+                        _ => stale = None,
+                    }
+                    missing.push(user.clone());
+                }
             }
         }
         let (hits, misses) = ((users.len() - missing.len()) as u64, missing.len() as u64);
@@ -344,9 +382,23 @@ impl RouteTable for CachedRoutes {
         let (leading, joined) = self.board(missing);
         let (read, waited) = tokio::join!(self.read(&leading), self.wait(joined));
         drop(leading);
-        found.extend(read?);
-        found.extend(waited?);
-        Ok(found)
+        match read.and_then(|read| Ok((read, waited?))) {
+            Ok((read, waited)) => {
+                found.extend(read);
+                found.extend(waited);
+                Ok(found)
+            }
+            Err(error) => {
+                let stale = stale.ok_or(error)?;
+                metrics::counter!("herald_route_cache_stale_total").increment(stale.len() as u64);
+                for (user, entry) in stale {
+                    if !entry.routes.is_empty() {
+                        found.insert(user, entry.routes.to_vec());
+                    }
+                }
+                Ok(found)
+            }
+        }
     }
 
     async fn restore(&self, route: Route) -> Result<bool, RouteError> {
@@ -388,6 +440,9 @@ mod tests {
         UserId::parse(name).expect("valid")
     }
 
+    /// Fresh for a minute, never used stale.
+    const MINUTE: CacheLifetimes = CacheLifetimes { fresh: Duration::from_secs(60), stale: Duration::ZERO };
+
     /// Records what was announced.
     #[derive(Default)]
     struct Announced(Arc<Mutex<Vec<UserId>>>);
@@ -402,7 +457,7 @@ mod tests {
     #[tokio::test]
     async fn lookups_are_served_from_the_cache_until_a_change_drops_them() {
         let shared: Arc<dyn RouteTable> = Arc::new(MemoryRouteTable::default());
-        let cached = CachedRoutes::new(Arc::clone(&shared), Duration::from_secs(60), 1000);
+        let cached = CachedRoutes::new(Arc::clone(&shared), MINUTE, 1000);
         let announced = Arc::new(Mutex::new(Vec::new()));
         cached.announce_to(Arc::new(Announced(Arc::clone(&announced))));
 
@@ -439,7 +494,7 @@ mod tests {
     #[tokio::test]
     async fn a_stale_route_is_removed_and_announced_so_every_node_looks_again() {
         let shared: Arc<dyn RouteTable> = Arc::new(MemoryRouteTable::default());
-        let cached = CachedRoutes::new(Arc::clone(&shared), Duration::from_secs(60), 1000);
+        let cached = CachedRoutes::new(Arc::clone(&shared), MINUTE, 1000);
         let announced = Arc::new(Mutex::new(Vec::new()));
         cached.announce_to(Arc::new(Announced(Arc::clone(&announced))));
         let (gone, newer) = (route("dan", "phone", 1, 4), route("dan", "phone", 1, 5));
@@ -490,7 +545,7 @@ mod tests {
             gate: tokio::sync::Notify::new(),
             reads: Default::default(),
         });
-        let cached = Arc::new(CachedRoutes::new(Arc::clone(&slow) as _, Duration::from_secs(60), 1000));
+        let cached = Arc::new(CachedRoutes::new(Arc::clone(&slow) as _, MINUTE, 1000));
         (slow, cached)
     }
 
@@ -642,7 +697,7 @@ mod tests {
             }
         }
         let down = Arc::new(Down(tokio::sync::Notify::new()));
-        let cached = Arc::new(CachedRoutes::new(Arc::clone(&down) as _, Duration::from_secs(60), 1000));
+        let cached = Arc::new(CachedRoutes::new(Arc::clone(&down) as _, MINUTE, 1000));
         let first = cy_looked_up_meanwhile(&cached).await;
         let second = cy_looked_up_meanwhile(&cached).await;
         down.0.notify_one();
@@ -651,5 +706,71 @@ mod tests {
             assert!(error.0.contains("redis is down"), "{error}");
         }
         assert_eq!(cached.counts().joined.load(Ordering::Relaxed), 1);
+    }
+
+    /// A table that fails every lookup while told to.
+    #[derive(Default)]
+    struct Flaky {
+        inner: MemoryRouteTable,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl RouteTable for Flaky {
+        async fn login(&self, route: Route) -> Result<Option<Route>, RouteError> {
+            self.inner.login(route).await
+        }
+        async fn logout(&self, u: &UserId, d: &DeviceId, n: NodeId, c: ConnectionId) -> Result<bool, RouteError> {
+            self.inner.logout(u, d, n, c).await
+        }
+        async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(RouteError("lookup past its deadline".into()));
+            }
+            self.inner.devices_of(users).await
+        }
+        async fn restore(&self, route: Route) -> Result<bool, RouteError> {
+            self.inner.restore(route).await
+        }
+    }
+
+    /// Past its TTL an entry is read again while the table answers, and used as it was
+    /// when the table cannot be read, as long as every user missed has one.
+    #[tokio::test(start_paused = true)]
+    async fn entries_past_their_ttl_answer_only_when_the_table_cannot_be_read() {
+        let table = Arc::new(Flaky::default());
+        let lifetimes = CacheLifetimes { fresh: Duration::from_secs(3), stale: Duration::from_secs(60) };
+        let cached = CachedRoutes::new(Arc::clone(&table) as _, lifetimes, 1000);
+        table.login(route("ann", "phone", 2, 1)).await.expect("login");
+        cached.devices_of(&[user("ann"), user("bob")]).await.expect("looked up and kept");
+
+        tokio::time::advance(Duration::from_secs(4)).await;
+        table.login(route("ann", "laptop", 3, 2)).await.expect("a login whose announcement is still to come");
+        let again = cached.devices_of(&[user("ann")]).await.expect("read again");
+        assert_eq!(again[&user("ann")].len(), 2, "past its TTL the entry is read again");
+
+        tokio::time::advance(Duration::from_secs(4)).await;
+        table.down.store(true, Ordering::SeqCst);
+        let stale = cached.devices_of(&[user("ann"), user("bob")]).await.expect("answered from stale entries");
+        assert_eq!(stale[&user("ann")].len(), 2, "as last read");
+        assert!(!stale.contains_key(&user("bob")), "bob had no device then");
+
+        let error = cached.devices_of(&[user("ann"), user("cy")]).await.expect_err("cy was never read");
+        assert!(error.0.contains("deadline"), "{error}");
+        cached.invalidate(&[user("ann")]);
+        cached.devices_of(&[user("ann")]).await.expect_err("an announced change drops the stale entry too");
+    }
+
+    /// With no stale lifetime an entry past its TTL is never used.
+    #[tokio::test(start_paused = true)]
+    async fn without_a_stale_lifetime_a_failed_read_fails() {
+        let table = Arc::new(Flaky::default());
+        let lifetimes = CacheLifetimes { fresh: Duration::from_secs(3), stale: Duration::ZERO };
+        let cached = CachedRoutes::new(Arc::clone(&table) as _, lifetimes, 1000);
+        table.login(route("ann", "phone", 2, 1)).await.expect("login");
+        cached.devices_of(&[user("ann")]).await.expect("looked up and kept");
+        tokio::time::advance(Duration::from_secs(4)).await;
+        table.down.store(true, Ordering::SeqCst);
+        cached.devices_of(&[user("ann")]).await.expect_err("no stale answer");
     }
 }
