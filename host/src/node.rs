@@ -508,11 +508,18 @@ async fn watch_health(
     let mut sampler = Sampler::new();
     let mut every = tokio::time::interval(interval);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Beside the depths below, so an alert can put them over the limit whatever it is set to.
+    metrics::gauge!("herald_gateway_send_queue_limit_frames").set(gateway.config.send_queue as f64);
     loop {
         every.tick().await;
         let depths = gateway.connections.queue_depths();
         let sample = sampler.sample(&vitals, depths, committer.write_latency(), gateway.intake.backlog());
         metrics::gauge!("herald_store_latency_p99_ms").set(f64::from(sample.health.store_latency_p99_ms));
+        // The depths this sample already read, one per connection: exported as the node's
+        // deepest queue and its p99, so the writers pay nothing more and no series is kept
+        // per connection.
+        metrics::gauge!("herald_gateway_send_queue_max_frames").set(f64::from(sample.health.send_queue_depth_max));
+        metrics::gauge!("herald_gateway_send_queue_p99_frames").set(f64::from(sample.health.send_queue_depth_p99));
         let (chosen, mut why) = if plugins.has_hook(Hook::Degrade) {
             let chosen = Tier::from(plugins.degrade(&hook_health(&sample.health)).await);
             (chosen, format!("the degrade hook chose {} from the last health sample", chosen.name()))

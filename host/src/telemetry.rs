@@ -18,6 +18,9 @@ pub fn install() -> Option<&'static PrometheusHandle> {
     RECORDER
         .get_or_init(|| match latency_buckets(summary_window(PrometheusBuilder::new())).install_recorder() {
             Ok(handle) => {
+                for name in FROM_THE_START {
+                    metrics::counter!(name).increment(0);
+                }
                 let upkeep = handle.clone();
                 tokio::spawn(async move {
                     let mut every = tokio::time::interval(Duration::from_secs(5));
@@ -35,6 +38,12 @@ pub fn install() -> Option<&'static PrometheusHandle> {
         })
         .as_ref()
 }
+
+/// Counters the alert rules (`deploy/prometheus/alerts.yml`) read that would otherwise
+/// appear only at their first event: `rate()` over a series that first shows up at 1 misses
+/// that 1, and a node without `herald_pipeline_messages_stored_total` would drop out of the
+/// count of nodes the load-share alert needs (it is quiet below two).
+const FROM_THE_START: [&str; 2] = ["herald_gateway_slow_consumers_total", "herald_pipeline_messages_stored_total"];
 
 /// How long a summary's quantiles look back: one window of [`SUMMARY_WINDOW`], started
 /// afresh when a value arrives after it ended.

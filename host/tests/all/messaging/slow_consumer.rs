@@ -15,12 +15,12 @@ use super::client::Client;
 use super::server::{DEV_KEY, Herald};
 use super::{WAIT, dm, uuid};
 
-const SLOW_DEVICE: &str = "never-reads-device";
+pub(super) const SLOW_DEVICE: &str = "never-reads-device";
 
 /// Sends 8 messages of `body` into `conversation` at once (a flooder's own acks must fit
 /// its queue of 16) and returns their acks, each OK: a sender is never held back by a slow
 /// recipient.
-async fn send_batch(sender: &mut Client, conversation: &str, body: &[u8]) -> Vec<SendAck> {
+pub(super) async fn send_batch(sender: &mut Client, conversation: &str, body: &[u8]) -> Vec<SendAck> {
     let ids: Vec<String> = (0..8).map(|_| uuid()).collect();
     for id in &ids {
         sender.send_with(id, conversation, 1, body).await;
@@ -35,14 +35,14 @@ async fn send_batch(sender: &mut Client, conversation: &str, body: &[u8]) -> Vec
 }
 
 /// Whether the server has let the slow device go (it is gone from presence).
-async fn let_go(herald: &Herald) -> bool {
+pub(super) async fn let_go(herald: &Herald) -> bool {
     let presence = herald.get("/v1/users/slow/presence", Some(DEV_KEY)).await;
     presence.status == 200 && !presence.body.contains(SLOW_DEVICE)
 }
 
 /// Waits for `slow`'s connection to close and asserts it was closed with 4008; `what`
 /// says after what.
-async fn expect_slow_consumer_closed(slow: &mut Client, what: &str) {
+pub(super) async fn expect_slow_consumer_closed(slow: &mut Client, what: &str) {
     let closed = slow.expect_closed(WAIT).await;
     assert_eq!(
         closed.code,
