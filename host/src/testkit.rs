@@ -277,6 +277,7 @@ pub fn request(user: &str, device: &str, conversation: &str, client_msg_id: &str
             kind: 3,
             body: body.to_owned().into_bytes().into(),
         },
+        announcement: false,
     }
 }
 

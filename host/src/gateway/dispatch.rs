@@ -142,7 +142,7 @@ async fn dispatch(gateway: &Arc<Gateway>, client: &Client, frame: Frame) -> Resu
                 node: gateway.this_node(),
                 connection: connection.id,
             };
-            match gateway.pipeline.admit(SendRequest { origin, rid, send }).await {
+            match gateway.pipeline.admit(SendRequest { origin, rid, send, announcement: false }).await {
                 Admission::Done(ack) => answer(connection, ack_frame(ack), received),
                 Admission::Wait(rest) => {
                     _ = tokio::spawn(answer_when_settled(Arc::clone(connection), rest, in_flight, received));

@@ -67,7 +67,7 @@ impl Pipeline {
             return Ok(Announced { message_id, seq: 0, archived: false, duplicate: false });
         }
         // Stored by the room's owner only, with its claim: another node's announcement is
-        // forwarded to the owner as a send from the API's device, and its ack comes back.
+        // forwarded to the owner, marked as one, and its ack comes back.
         let claim = match self.router.send_owner(sender, room).await {
             SendOwner::Here { node, epoch } => OwnerClaim { node, epoch },
             SendOwner::Elsewhere(owner) => return self.announce_at(owner, message).await,
@@ -98,9 +98,11 @@ impl Pipeline {
 }
 
 impl Pipeline {
-    /// Has `owner` store an archived announcement: the same send a client's would be,
-    /// from the API's device (the owner takes a send from another node's origin without a
-    /// room subscription: the announce policy decided here).
+    /// Has `owner` store an archived announcement, through the path a forwarded send takes,
+    /// from the API's device. It goes marked as an announcement: the announce policy judged
+    /// it here, so the owner stores it exactly as one posted to it — no room subscription
+    /// asked, and no message-policy hook, whose limits are the players' and must not count
+    /// announcements.
     async fn announce_at(&self, owner: NodeId, message: Message) -> Result<Announced, SendError> {
         let request = SendRequest {
             origin: Origin {
@@ -116,6 +118,7 @@ impl Pipeline {
                 kind: message.kind,
                 body: message.body.clone(),
             },
+            announcement: true,
         };
         let ack = self
             .bus

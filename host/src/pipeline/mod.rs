@@ -1,7 +1,8 @@
 //! The uplink: what happens to a `send` on the conversation's owner node.
 //!
 //! validate → membership → owner (forwarded over the bus when another node owns it) → dedup
-//! mark → message-policy hook → (per conversation, in order) seq → snowflake id → queue for
+//! mark → message-policy hook (a client's send; an announcement another node forwarded was
+//! judged by the announce policy) → (per conversation, in order) seq → snowflake id → queue for
 //! group commit → wait until durable → `send_ack` → release to fan-out in seq order. Any
 //! failure after the dedup mark cancels it and answers `RETRY`, so the client's retry is
 //! processed, never swallowed (ARCHITECTURE.md §2).
@@ -321,6 +322,11 @@ impl Pipeline {
     async fn check(&self, request: &SendRequest) -> Result<(ClientMsgId, ConversationId), SendError> {
         let client_msg_id = ClientMsgId::parse(&request.send.client_msg_id)?;
         let conversation = ConversationId::parse(&request.send.conversation)?;
+        if request.announcement && !matches!(conversation.kind(), ConversationKind::Room(_)) {
+            // Only a room takes announcements; anything else so marked is a confused peer,
+            // and must not skip the message policy by it.
+            return Err(SendError::Refused(format!("an announcement goes to a room, not to {conversation}")));
+        }
         // A room subscription is known on the node holding the connection, which checked it
         // before forwarding.
         let here = request.origin.node == self.router.this_node();
@@ -393,7 +399,10 @@ impl Pipeline {
         Ok((lane, message, ticket))
     }
 
-    /// Step 4: the message-policy hook may allow, rewrite or reject the body.
+    /// Step 4: the message-policy hook may allow, rewrite or reject the body of a client's
+    /// send. An announcement forwarded by another node was judged by the announce policy
+    /// there, and is stored as one posted here, which never meets this hook: its limits are
+    /// the players', and an announcement counted against them would spend their budget.
     async fn apply_policy(
         &self,
         request: &SendRequest,
@@ -401,7 +410,7 @@ impl Pipeline {
         client_msg_id: &ClientMsgId,
     ) -> Result<bytes::Bytes, SendError> {
         let body = request.send.body.clone();
-        if !self.plugins.has_hook(Hook::MessagePolicy) {
+        if request.announcement || !self.plugins.has_hook(Hook::MessagePolicy) {
             return Ok(body);
         }
         let input = HookMessage {

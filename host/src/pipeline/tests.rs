@@ -302,3 +302,55 @@ async fn a_retry_arriving_between_the_ack_and_the_completed_mark_answers_with_th
     assert_eq!((duplicate.ack.message_id, duplicate.ack.seq), (settled.ack.ack.message_id, settled.ack.ack.seq));
     assert_eq!(kit.stored(DM).await.len(), 1, "stored once");
 }
+
+/// An archived announcement for a room another node owns goes to that node marked as an
+/// announcement (so the owner stores it as one posted to it, without the message-policy
+/// hook), from the API's device, and its ids come back as the owner gave them.
+#[tokio::test]
+async fn an_announcement_another_node_owns_is_forwarded_marked_as_one() {
+    let owner = NodeId(THIS_NODE.0 + 1);
+    let bus = Arc::new(RecordingBus::default());
+    let kit = Kit::with(Options { ring: vec![owner], bus: Arc::clone(&bus) as _, ..Options::default() }).await;
+    let room = conversation_id("room:lobby");
+
+    let announced = kit.pipeline.announce(&room, &user_id("announcer"), Some("a1"), b"doors open".to_vec(), true).await;
+
+    let calls = bus.calls();
+    let [BusCall::ForwardSend { owner: asked, request: forwarded }] = calls.as_slice() else {
+        panic!("one forward_send expected, got {calls:?}")
+    };
+    assert_eq!(*asked, owner);
+    assert!(forwarded.announcement, "marked as an announcement: {forwarded:?}");
+    assert_eq!((forwarded.origin.user.as_str(), forwarded.origin.device.as_str()), ("announcer", "api"));
+    assert_eq!(forwarded.send.conversation, "room:lobby");
+    let answer = RecordingBus::answer(forwarded);
+    let announced = announced.expect("stored by the owner");
+    assert_eq!((announced.message_id, announced.seq), (answer.ack.message_id, answer.ack.seq));
+    assert!(announced.archived && !announced.duplicate);
+    assert!(kit.stored("room:lobby").await.is_empty(), "stored by the owner, not here");
+}
+
+/// On the owner, an announcement forwarded by another node is stored like one posted here;
+/// one marked so for a conversation that is not a room is refused, never stored.
+#[tokio::test]
+async fn a_forwarded_announcement_is_stored_in_its_room_and_refused_anywhere_else() {
+    let kit = Kit::new().await;
+    let forwarded = |conversation: &str| {
+        let mut sent = request("announcer", "api", conversation, &uuid(), "news");
+        sent.origin.node = NodeId(THIS_NODE.0 + 1);
+        sent.origin.connection = ConnectionId(0);
+        sent.announcement = true;
+        sent
+    };
+
+    let into_room = forwarded("room:lobby");
+    let ack = kit.send(into_room.clone()).await;
+    assert_answers(&ack, &into_room, Status::Ok);
+    assert_eq!(kit.stored("room:lobby").await.len(), 1);
+
+    let into_direct = forwarded(DM);
+    let ack = kit.send(into_direct.clone()).await;
+    assert_answers(&ack, &into_direct, Status::Rejected);
+    assert!(ack.ack.reason.contains("an announcement goes to a room"), "{:?}", ack.ack.reason);
+    assert!(kit.stored(DM).await.is_empty());
+}

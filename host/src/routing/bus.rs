@@ -32,6 +32,11 @@ pub struct SendRequest {
     /// The frame's request id, echoed on the ack.
     pub rid: u32,
     pub send: v1::Send,
+    /// An archived announcement another node took over HTTP and its announce-policy hook
+    /// accepted, forwarded to the room's owner to be stored. The owner stores it as one
+    /// posted to it: the message-policy hook, which judges clients' sends, is not asked, so
+    /// no chat limit counts it. Never set for a client's send.
+    pub announcement: bool,
 }
 
 /// Told once a forwarded send is on its way to its owner (handed to the link, in order with

@@ -101,6 +101,7 @@ fn send_request(rid: u32, delay_ms: u32) -> SendRequest {
             kind: delay_ms,
             body: Bytes::from(format!("message {rid}")),
         },
+        announcement: false,
     }
 }
 
@@ -334,11 +335,14 @@ async fn every_bus_call_reaches_the_handler_with_exactly_what_was_given() {
     assert_eq!(pair.bus.lowest_in_flight(CALLED, &conversation("dm:alice:bob")).await, Ok(Some(41)));
     assert_eq!(pair.bus.lowest_in_flight(CALLED, &conversation("room:idle")).await, Ok(None));
     pair.bus.deliver(CALLED, Arc::clone(&message), &users, Addressed::Everywhere).await.expect("delivered");
+    let announcement = SendRequest { announcement: true, ..send_request(13, 0) };
+    pair.bus.forward_send(CALLED, announcement.clone(), queued()).await.expect("forwarded");
 
     let calls = pair.recorder.calls();
-    assert_eq!(calls.len(), 7, "{calls:?}");
+    assert_eq!(calls.len(), 8, "{calls:?}");
     let Recorded::Send(sent) = &calls[0] else { panic!("not a send: {calls:?}") };
     assert_eq!((&sent.origin, sent.rid, &sent.send), (&request.origin, request.rid, &request.send));
+    assert!(!sent.announcement, "a client's send: {sent:?}");
     assert!(
         matches!(&calls[1], Recorded::Deliver(m, u, Addressed::ByRoute) if *m == *message && *u == users),
         "{calls:?}"
@@ -351,6 +355,9 @@ async fn every_bus_call_reaches_the_handler_with_exactly_what_was_given() {
         matches!(&calls[6], Recorded::Deliver(m, u, Addressed::Everywhere) if *m == *message && *u == users),
         "sent to every node, and said so: {calls:?}"
     );
+    let Recorded::Send(sent) = &calls[7] else { panic!("not a send: {calls:?}") };
+    assert_eq!((sent.rid, &sent.send), (announcement.rid, &announcement.send));
+    assert!(sent.announcement, "an announcement arrives as one: {sent:?}");
 }
 
 #[tokio::test]
@@ -745,6 +752,7 @@ async fn malformed_requests_are_answered_with_a_failure_and_the_link_stays_open(
         }),
         rid: foreign.rid,
         send: Some(foreign.send),
+        announcement: false,
     };
     for (id, kind) in [
         (1, Some(wire::request::Kind::Deliver(bad_user))),

@@ -68,6 +68,8 @@ impl Call {
                 origin: origin_from(forward.origin.ok_or(WireError::Missing("origin"))?)?,
                 rid: forward.rid,
                 send: forward.send.ok_or(WireError::Missing("send"))?,
+                // Absent (false) from a node that predates the field: a send, as it was then.
+                announcement: forward.announcement,
             }),
             WireKind::Deliver(deliver) => {
                 let message = message_from(deliver.message)?;
@@ -96,6 +98,7 @@ pub(super) fn forward_send(request: &SendRequest) -> WireKind {
         }),
         rid: request.rid,
         send: Some(request.send.clone()),
+        announcement: request.announcement,
     })
 }
 
@@ -246,11 +249,18 @@ mod tests {
                 kind: 1,
                 body: bytes::Bytes::from_static(b"hi"),
             },
+            announcement: false,
         };
         let Ok(Call::Send(back)) = Call::decode(Some(forward_send(&request)), NodeId(1), NodeId(3)) else {
             panic!("not a send")
         };
-        assert_eq!((back.origin, back.rid, back.send), (request.origin, request.rid, request.send));
+        assert!(!back.announcement, "a client's send");
+        assert_eq!((back.origin, back.rid, back.send), (request.origin.clone(), request.rid, request.send.clone()));
+        let announcement = SendRequest { announcement: true, ..request };
+        let Ok(Call::Send(back)) = Call::decode(Some(forward_send(&announcement)), NodeId(1), NodeId(3)) else {
+            panic!("not a send")
+        };
+        assert!(back.announcement, "an announcement stays one across the link");
     }
 
     #[test]

@@ -43,6 +43,7 @@ mod limits;
 mod plugins;
 mod reconnect;
 mod recording;
+mod room_limits;
 mod rooms;
 mod shadow;
 mod slow_consumer;
