@@ -69,3 +69,37 @@ impl WallClock for ManualClock {
         self.now_ms.load(Ordering::SeqCst)
     }
 }
+
+/// A wall clock that runs with tokio's clock from a time the test sets, and that the test
+/// can step. Under a paused runtime (`tokio::time::pause`) code that sleeps until the wall
+/// clock passes some time finishes at once, and sees the clock move just as far as it
+/// slept; unpaused it runs in real time.
+#[derive(Debug, Clone)]
+pub struct TokioClock {
+    /// Where tokio's clock stood when this clock was made.
+    origin: tokio::time::Instant,
+    /// The wall time this clock read at `origin` (moved by [`set`](Self::set)).
+    at_origin_ms: Arc<AtomicU64>,
+}
+
+impl TokioClock {
+    /// A clock reading `now_ms` now, and moving with tokio's clock from here.
+    pub fn new(now_ms: u64) -> Self {
+        Self { origin: tokio::time::Instant::now(), at_origin_ms: Arc::new(AtomicU64::new(now_ms)) }
+    }
+
+    /// Jumps to `now_ms`, forwards or backwards; it goes on running from there.
+    pub fn set(&self, now_ms: u64) {
+        self.at_origin_ms.store(now_ms.saturating_sub(self.elapsed_ms()), Ordering::SeqCst);
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl WallClock for TokioClock {
+    fn now_ms(&self) -> u64 {
+        self.at_origin_ms.load(Ordering::SeqCst).saturating_add(self.elapsed_ms())
+    }
+}

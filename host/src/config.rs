@@ -17,11 +17,13 @@ use crate::model::MAX_NODE_ID;
 
 mod cluster;
 mod edge;
+mod ids;
 mod intake;
 mod tls;
 
 pub use cluster::{ClusterConfig, DEV_CLUSTER_SECRET};
 pub use edge::{ApiConfig, GatewayConfig};
+pub use ids::IdsConfig;
 pub use intake::IntakeConfig;
 pub use tls::TlsConfig;
 
@@ -63,6 +65,8 @@ pub struct Config {
     pub storage: StorageConfig,
     /// The seq allocator.
     pub seq: SeqConfig,
+    /// Message ids across restarts.
+    pub ids: IdsConfig,
     /// The WebSocket edge.
     pub gateway: GatewayConfig,
     /// Push, acks, retries, backfill and pull.
@@ -167,6 +171,7 @@ impl Default for Config {
             worker_threads: 0,
             storage: StorageConfig::default(),
             seq: SeqConfig::default(),
+            ids: IdsConfig::default(),
             gateway: GatewayConfig::default(),
             delivery: DeliveryConfig::default(),
             api: ApiConfig::default(),
@@ -422,6 +427,7 @@ impl Config {
                     .into(),
             ));
         }
+        self.ids.validate().map_err(ConfigError::Invalid)?;
         self.seq.validate().map_err(ConfigError::Invalid)
     }
 

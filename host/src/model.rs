@@ -228,6 +228,23 @@ impl fmt::Debug for ClientMsgId {
 /// Highest node id: ten bits of every snowflake id name the node that made it.
 pub const MAX_NODE_ID: u16 = 1023;
 
+/// 2026-01-01T00:00:00Z in ms since the Unix epoch: the time zero of message ids. 41 bits
+/// of milliseconds from here last until 2095.
+pub const HERALD_EPOCH_MS: u64 = 1_767_225_600_000;
+/// Bits of node id in a message id: 1024 nodes.
+pub const NODE_BITS: u32 = 10;
+/// Bits of sequence within one millisecond of a message id: 4096 ids per ms per node.
+pub const SEQUENCE_BITS: u32 = 12;
+
+/// The node that issued message id `id`, and the millisecond (since the Unix epoch) it was
+/// issued in. Defined here, beside the layout, because the store reads it too: it records
+/// each node's newest committed id (`ids/snowflake.rs` issues them).
+pub fn id_origin(id: u64) -> (NodeId, u64) {
+    // Masked to ten bits: the cast cannot truncate.
+    let node = ((id >> SEQUENCE_BITS) & u64::from(MAX_NODE_ID)) as u32;
+    (NodeId(node), (id >> (NODE_BITS + SEQUENCE_BITS)) + HERALD_EPOCH_MS)
+}
+
 /// A node of the cluster (0..=1023, unique among live nodes); part of every message id.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default, serde::Serialize)]
 #[serde(transparent)]

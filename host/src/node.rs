@@ -29,7 +29,7 @@ use crate::gateway::intake::Intake;
 use crate::gateway::redirect::Redirects;
 use crate::health::{Sampler, Tier, Vitals};
 use crate::ids::seq::SWEEPS_PER_IDLE;
-use crate::ids::{SeqAllocator, SnowflakeGenerator};
+use crate::ids::{ResumeError, SeqAllocator, SnowflakeGenerator};
 use crate::membership::{CachePolicy, Membership};
 use crate::model::NodeId;
 use crate::pipeline::dedup::{DedupMarks, LocalDedup};
@@ -57,6 +57,9 @@ pub enum NodeError {
     Store(#[from] StoreError),
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// Message ids cannot resume above the ones this node id committed before.
+    #[error(transparent)]
+    Ids(#[from] ResumeError),
 }
 
 /// Everything a running node shares between its connections and its HTTP API.
@@ -91,7 +94,8 @@ impl Node {
     /// Opens storage (migrating it) and assembles the node; starts its background tasks.
     ///
     /// # Errors
-    /// [`NodeError`] when storage cannot be opened or the configuration is unusable.
+    /// [`NodeError`] when storage cannot be opened, the configuration is unusable, or the
+    /// clock is too far behind the newest message id this node id committed before.
     pub async fn open(config: Config) -> Result<Arc<Self>, NodeError> {
         config.validate().map_err(|error| NodeError::Config(error.to_string()))?;
         let gateway = &config.gateway;
@@ -112,16 +116,22 @@ impl Node {
         };
         // Cluster mode keeps plugin KV and rate limits in Redis, so they hold on every node.
         let (runtime, dir) = (config.plugin_runtime.clone(), config.plugins_dir());
-        let plugins = match &cluster {
-            Some(cluster) => {
-                let (kv, limiter) = cluster.plugin_state();
-                Plugins::start_with(runtime, &dir, kv, limiter).await
+        let plugins = async {
+            match &cluster {
+                Some(cluster) => {
+                    let (kv, limiter) = cluster.plugin_state();
+                    Plugins::start_with(runtime, &dir, kv, limiter).await
+                }
+                None => Plugins::start(runtime, &dir).await,
             }
-            None => Plugins::start(runtime, &dir).await,
         };
-        let plugins = Arc::new(plugins.map_err(|error| NodeError::Config(format!("plugin runtime: {error}")))?);
         let this_node = cluster.as_ref().map_or(NodeId(config.node_id.unwrap_or(0)), |cluster| cluster.this_node());
-        let ids = Arc::new(SnowflakeGenerator::new(this_node.0).map_err(|e| NodeError::Config(e.to_string()))?);
+        // Any wait for the clock to pass this node id's newest committed id overlaps
+        // loading the plugins.
+        let ids = crate::ids::resume(&database, this_node, SystemClock, config.ids.max_clock_wait);
+        let (plugins, ids) = tokio::join!(plugins, ids);
+        let ids: Arc<SnowflakeGenerator> = Arc::new(ids?);
+        let plugins = Arc::new(plugins.map_err(|error| NodeError::Config(format!("plugin runtime: {error}")))?);
         let seams = match &cluster {
             Some(cluster) => cluster.seams(&config, &plugins.host),
             None => Seams::embedded(&config, &plugins.host),

@@ -10,22 +10,19 @@
 //!   used, borrowing future milliseconds once a millisecond's 4096 sequence numbers run out,
 //!   and counts the step. The only wait is a spin of less than one millisecond when 4096 ids
 //!   have been issued in the current millisecond (the format's ceiling of 4.096 M ids/s).
+//!
+//! Within one process that is all it takes. Across a restart the generator starts
+//! [above](SnowflakeGenerator::starting_above) the newest id its node id committed before
+//! (see [`resume`](super::resume())), so ids do not go backwards there either.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::clock::{SystemClock, WallClock};
 
-/// 2026-01-01T00:00:00Z in ms since the Unix epoch: Herald's time zero. 41 bits of
-/// milliseconds from here last until 2095.
-pub const HERALD_EPOCH_MS: u64 = 1_767_225_600_000;
-
-/// Bits of node id: 1024 nodes.
-pub const NODE_BITS: u32 = 10;
-/// Bits of sequence within one millisecond: 4096 ids per ms per node.
-pub const SEQUENCE_BITS: u32 = 12;
-/// The largest node id.
-pub use crate::model::MAX_NODE_ID;
+/// Herald's time zero, the layout's bit widths and the largest node id: defined in
+/// [`crate::model`], where the store reads ids too.
+pub use crate::model::{HERALD_EPOCH_MS, MAX_NODE_ID, NODE_BITS, SEQUENCE_BITS};
 const _: () = assert!(MAX_NODE_ID as u64 == (1 << NODE_BITS) - 1, "node ids fill the node bits");
 const MAX_SEQUENCE: u64 = (1 << SEQUENCE_BITS) - 1;
 const TIMESTAMP_BITS: u32 = 41;
@@ -110,6 +107,22 @@ impl<C: WallClock> SnowflakeGenerator<C> {
         })
     }
 
+    /// The same generator, issuing only ids above every id of its node stamped `unix_ms`
+    /// or earlier (ms since the Unix epoch): the newest committed by an earlier life of
+    /// this node id. Should the clock read `unix_ms` or less when an id is asked for (it
+    /// stepped back after the start-up check), the id borrows the next millisecond, as
+    /// after any step back.
+    #[must_use]
+    pub fn starting_above(self, unix_ms: u64) -> Self {
+        {
+            let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            // The last id "issued" is the last one that millisecond can hold.
+            state.last_ms = unix_ms.saturating_sub(HERALD_EPOCH_MS);
+            state.sequence = MAX_SEQUENCE;
+        }
+        self
+    }
+
     /// The next id: greater than every id this generator issued before.
     pub fn next_id(&self) -> u64 {
         // A poisoned lock only means another thread panicked mid-update of plain integers;
@@ -174,6 +187,28 @@ mod tests {
         assert_eq!(second, SnowflakeParts { unix_ms: START, node: 5, sequence: 1 });
         clock.advance(3);
         assert_eq!(decompose(generator.next_id()).unix_ms, START + 3);
+    }
+
+    #[test]
+    fn a_generator_started_above_a_mark_issues_only_above_it() {
+        let mark = START + 5_000;
+        // The highest id node 4 can have issued in the mark's millisecond.
+        let highest_before =
+            ((mark - HERALD_EPOCH_MS) << (NODE_BITS + SEQUENCE_BITS)) | (4 << SEQUENCE_BITS) | MAX_SEQUENCE;
+        for (clock, first_ms) in [
+            // Behind and frozen: the next millisecond is borrowed, with no wait.
+            (ManualClock::new(mark - 2_000), mark + 1),
+            // At the mark: the clock must tick first.
+            (ManualClock::ticking(mark, 100), mark + 1),
+            // Past it: the clock's own time.
+            (ManualClock::new(mark + 3), mark + 3),
+        ] {
+            let generator = SnowflakeGenerator::with_clock(4, clock).expect("node in range").starting_above(mark);
+            let first = generator.next_id();
+            assert!(first > highest_before, "{:?} not above the mark", decompose(first));
+            assert_eq!(decompose(first).unix_ms, first_ms);
+            assert!(generator.next_id() > first);
+        }
     }
 
     #[test]

@@ -101,6 +101,8 @@ impl GroupCommitter {
             .map(|n| {
                 let writer = write_batches(
                     database.clone(),
+                    // Past u32::MAX writers (never configured) would share the last rows.
+                    u32::try_from(n).unwrap_or(u32::MAX),
                     Arc::clone(&receiver),
                     config.max_batch,
                     Duration::from_millis(config.commit_timeout_ms),
@@ -201,12 +203,14 @@ struct Shared {
     breaker: Breaker,
 }
 
-/// One writer: take what is queued, write it in one statement (failing it when it takes
-/// longer than `commit_timeout`), report, repeat. Each batch tells the breaker how the
-/// database did: a row that failed for the database's sake (an error of its own, or no
-/// answer in time) is a failure, any other outcome a success.
+/// One writer (number `writer`, whose rows of the id marks it raises): take what is queued,
+/// write it in one statement (failing it when it takes longer than `commit_timeout`),
+/// report, repeat. Each batch tells the breaker how the database did: a row that failed for
+/// the database's sake (an error of its own, or no answer in time) is a failure, any other
+/// outcome a success.
 async fn write_batches(
     database: Database,
+    writer: u32,
     receiver: Arc<Mutex<mpsc::Receiver<Pending>>>,
     max_batch: usize,
     commit_timeout: Duration,
@@ -234,8 +238,8 @@ async fn write_batches(
         totals.batches.fetch_add(1, Ordering::Relaxed);
         totals.rows.fetch_add(messages.len() as u64, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        let committed = match tokio::time::timeout(commit_timeout, database.insert_messages_committed(&messages)).await
-        {
+        let commit = database.insert_messages_committed(&messages, writer);
+        let committed = match tokio::time::timeout(commit_timeout, commit).await {
             Ok(committed) => committed,
             Err(_) => Committed::failed(messages.len(), &format!("no commit within {} ms", commit_timeout.as_millis())),
         };

@@ -9,10 +9,14 @@
 //! `session_seq` rows, in sorted order, and stores a fenced message only while the row still
 //! names that owner ([`StoreError::Fenced`] otherwise); the lock holds a new owner's lease
 //! back until the batch has committed (see `seq_lease.rs`). SQLite, one node, does not check.
+//!
+//! The commit of a batch also raises the id high-water marks of the nodes that issued its
+//! ids (`id_marks.rs`), so that a restart never issues ids below the stored ones.
 
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, QueryBuilder, Row, Type};
 
+use super::id_marks::{RAISE_ID_MARKS, marks_of};
 use super::seq_lease::{Fence, fence_of};
 use super::{Database, MessageStore, Pool, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned};
 use crate::maps::{HashMap, HashSet};
@@ -126,24 +130,27 @@ impl Database {
 
     /// As [`insert_messages`](Self::insert_messages), for messages that may carry a fence: a
     /// fenced message whose conversation is owned under another fence by now is not stored
-    /// and answers [`StoreError::Fenced`] (server backends only).
+    /// and answers [`StoreError::Fenced`] (server backends only). The id marks are raised
+    /// in the rows of the group committer's first writer.
     pub async fn insert_submissions(&self, batch: &[Submission]) -> Vec<Result<Inserted, StoreError>> {
-        let committed = self.insert_messages_committed(batch).await;
+        let committed = self.insert_messages_committed(batch, 0).await;
         self.make_durable(vec![committed]).await.pop().unwrap_or_default()
     }
 
     /// As [`insert_submissions`](Self::insert_submissions), but returns once committed: on
     /// SQLite the commit is not durable until [`make_durable`](Self::make_durable) says so,
-    /// which the group committer does off its writer's path.
-    pub async fn insert_messages_committed(&self, batch: &[Submission]) -> Committed {
-        match self.insert_batch(batch).await {
+    /// which the group committer does off its writer's path. The same commit raises the
+    /// id high-water marks of the nodes that issued the batch's ids, in the rows of
+    /// `writer` (the committer's writer that commits it: see [`super::id_marks`]).
+    pub async fn insert_messages_committed(&self, batch: &[Submission], writer: u32) -> Committed {
+        match self.insert_batch(batch, writer).await {
             Ok(committed) => committed,
             Err(error) if batch.len() == 1 => Committed { results: vec![Err(error)], sync: None },
             Err(error) => {
                 tracing::warn!(%error, rows = batch.len(), "batch insert failed; retrying rows one by one");
                 let mut all = Committed { results: Vec::with_capacity(batch.len()), sync: None };
                 for submission in batch {
-                    all.results.push(match self.insert_batch(std::slice::from_ref(submission)).await {
+                    all.results.push(match self.insert_batch(std::slice::from_ref(submission), writer).await {
                         Ok(mut one) => {
                             all.sync = all.sync.max(one.sync);
                             one.results.pop().unwrap_or(Err(StoreError::Closed))
@@ -178,14 +185,14 @@ impl Database {
             .collect()
     }
 
-    async fn insert_batch(&self, batch: &[Submission]) -> Result<Committed, StoreError> {
+    async fn insert_batch(&self, batch: &[Submission], writer: u32) -> Result<Committed, StoreError> {
         if batch.is_empty() {
             return Ok(Committed { results: Vec::new(), sync: None });
         }
         let Written { inserted, mut fenced, sync } = match &self.writer {
             // One statement, one round trip (see `postgres::insert_batch`).
-            Pool::Postgres(pool) => super::postgres::insert_batch(pool, batch).await?,
-            _ => self.insert_batch_in_transaction(batch).await?,
+            Pool::Postgres(pool) => super::postgres::insert_batch(pool, batch, writer).await?,
+            _ => self.insert_batch_in_transaction(batch, writer).await?,
         };
 
         let mut results = Vec::with_capacity(batch.len());
@@ -211,8 +218,14 @@ impl Database {
         Ok(Committed { results, sync })
     }
 
-    /// The batch in one explicit transaction: the owners' lock, the inserts, the commit.
-    async fn insert_batch_in_transaction<'m>(&self, batch: &'m [Submission]) -> Result<Written, StoreError> {
+    /// The batch in one explicit transaction: the owners' lock, the inserts, the id marks,
+    /// the commit.
+    async fn insert_batch_in_transaction<'m>(
+        &self,
+        batch: &'m [Submission],
+        writer: u32,
+    ) -> Result<Written, StoreError> {
+        let marks = marks_of(batch.iter().map(|submission| submission.message.id), writer);
         // One transaction for the whole batch (one commit, one fsync), split into
         // statements small enough for every driver's limit on bound parameters.
         let mut inserted: HashSet<i64> = HashSet::with_capacity_and_hasher(batch.len(), Default::default());
@@ -302,6 +315,13 @@ impl Database {
                     inserted.extend(read_back.build_query_scalar::<i64>().fetch_all(&mut *transaction).await?);
                 }
             }
+            // Last before the commit, so the mark's row is locked no longer than it takes.
+            let mut raise = QueryBuilder::new(RAISE_ID_MARKS);
+            raise.push_values(&marks, |mut row, &(node, writer, ms)| {
+                row.push_bind(node).push_bind(writer).push_bind(ms);
+            });
+            raise.push(sql.raise_id_marks_tail);
+            raise.build().execute(&mut *transaction).await?;
             let sync = self.wal.as_ref().map(|wal| wal.announce());
             let commit = transaction.commit().await;
             if let (Some(wal), Some(number)) = (&self.wal, sync) {

@@ -15,6 +15,7 @@ pub mod conversations;
 pub mod cursors;
 pub mod group_commit;
 pub mod groups;
+pub mod id_marks;
 mod idle_release;
 pub mod latency;
 pub mod messages;
@@ -41,6 +42,7 @@ use wal_sync::WalSync;
 
 pub use cursors::CursorUpdate;
 pub use group_commit::{BatchTotals, GroupCommitter, Ticket};
+pub use id_marks::IdMarks;
 pub use latency::LatencyWindow;
 pub use messages::{Inserted, Submission};
 pub use repos::*;
@@ -169,6 +171,11 @@ pub struct Sql {
     /// `conversation, owner_node, owner_epoch`: the commit's fence check. `None` skips the
     /// check (SQLite: embedded mode, one node, one writer).
     pub lock_owners: Option<(&'static str, &'static str)>,
+    /// What follows the rows of `id_marks::RAISE_ID_MARKS`: a row already there keeps
+    /// the larger mark.
+    pub raise_id_marks_tail: &'static str,
+    /// The id high-water mark of a node id (binds: node id), NULL when it has none.
+    pub id_mark: &'static str,
     /// Multi-row cursor upsert tail: keeps the larger seq.
     pub upsert_cursors_tail: &'static str,
     /// Cursors of one device.

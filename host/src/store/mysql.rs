@@ -29,6 +29,8 @@ pub const SQL: Sql = Sql {
         "SELECT conversation, owner_node, owner_epoch FROM session_seq WHERE conversation IN (",
         ") ORDER BY conversation LOCK IN SHARE MODE",
     )),
+    raise_id_marks_tail: " ON DUPLICATE KEY UPDATE max_ms = GREATEST(max_ms, VALUES(max_ms))",
+    id_mark: "SELECT MAX(max_ms) FROM id_marks WHERE node_id = ?",
     upsert_cursors_tail: " ON DUPLICATE KEY UPDATE seq = GREATEST(seq, VALUES(seq))",
     cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = ? AND device_id = ? ORDER BY conversation",
     insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES (?, ?)",

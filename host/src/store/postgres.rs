@@ -9,6 +9,7 @@
 
 use sqlx::PgPool;
 
+use super::id_marks::marks_of;
 use super::messages::{Submission, Written};
 use super::seq_lease::fence_of;
 use super::{LeaseSql, Sql, StoreError, signed};
@@ -39,6 +40,8 @@ pub const SQL: Sql = Sql {
         "SELECT conversation, owner_node, owner_epoch FROM session_seq WHERE conversation IN (",
         ") ORDER BY conversation COLLATE \"C\" FOR SHARE",
     )),
+    raise_id_marks_tail: " ON CONFLICT (node_id, writer) DO UPDATE SET max_ms = GREATEST(id_marks.max_ms, EXCLUDED.max_ms)",
+    id_mark: "SELECT MAX(max_ms) FROM id_marks WHERE node_id = $1",
     upsert_cursors_tail: " ON CONFLICT (user_id, device_id, conversation) DO UPDATE SET seq = GREATEST(device_cursors.seq, EXCLUDED.seq)",
     cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = $1 AND device_id = $2 ORDER BY conversation",
     insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES ($1, $2)",
@@ -59,8 +62,11 @@ pub const SQL: Sql = Sql {
 /// every batch locks in one order) and reads their owners; a fenced row is inserted only
 /// while its conversation's row names its fence. The insert's sort consumes all of `owners`
 /// before the first row goes in. Read committed: a row locked after a concurrent lease
-/// committed is read as that lease left it. The result: one row per inserted id, then one
-/// per locked owner.
+/// committed is read as that lease left it. `marked` raises the id high-water marks
+/// (`$13`/`$14`: node ids and their newest millisecond, `$15` the writer: see `id_marks.rs`)
+/// in the same statement, so in the same commit; PostgreSQL runs a data-modifying `WITH`
+/// whether or not the query reads it. The result: one row per inserted id, then one per
+/// locked owner.
 const INSERT_BATCH: &str = r#"WITH v AS (
     SELECT * FROM UNNEST($1::int8[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::bytea[], $9::int8[], $10::int8[], $11::int8[])
         AS v(id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms, fence_node, fence_epoch)
@@ -76,6 +82,10 @@ const INSERT_BATCH: &str = r#"WITH v AS (
     ORDER BY v.conversation COLLATE "C", v.seq
     ON CONFLICT DO NOTHING
     RETURNING id
+), marked AS (
+    INSERT INTO id_marks (node_id, writer, max_ms)
+    SELECT m.node_id, $15::int8, m.max_ms FROM UNNEST($13::int8[], $14::int8[]) AS m(node_id, max_ms)
+    ON CONFLICT (node_id, writer) DO UPDATE SET max_ms = GREATEST(id_marks.max_ms, EXCLUDED.max_ms)
 )
 SELECT id, NULL::text AS conversation, NULL::int8 AS owner_node, NULL::int8 AS owner_epoch FROM stored
 UNION ALL
@@ -87,7 +97,7 @@ type BatchRow = (Option<i64>, Option<String>, Option<i64>, Option<i64>);
 
 /// Writes `batch` with [`INSERT_BATCH`]: which rows went in, and which were refused by the
 /// fence check (with the owner found, `None` when the conversation has no row).
-pub(super) async fn insert_batch(pool: &PgPool, batch: &[Submission]) -> Result<Written, StoreError> {
+pub(super) async fn insert_batch(pool: &PgPool, batch: &[Submission], writer: u32) -> Result<Written, StoreError> {
     let column = |field: fn(&Submission) -> i64| batch.iter().map(field).collect::<Vec<i64>>();
     let text = |field: for<'a> fn(&'a Submission) -> &'a str| batch.iter().map(field).collect::<Vec<&str>>();
     let fenced_conversations: Vec<&str> = batch
@@ -97,6 +107,7 @@ pub(super) async fn insert_batch(pool: &PgPool, batch: &[Submission]) -> Result<
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
+    let marks = marks_of(batch.iter().map(|s| s.message.id), writer);
     let rows: Vec<BatchRow> = sqlx::query_as(INSERT_BATCH)
         .bind(column(|s| signed(s.message.id)))
         .bind(text(|s| s.message.conversation.as_str()))
@@ -110,6 +121,9 @@ pub(super) async fn insert_batch(pool: &PgPool, batch: &[Submission]) -> Result<
         .bind(batch.iter().map(|s| s.fence.map(|f| i64::from(f.node.0))).collect::<Vec<Option<i64>>>())
         .bind(batch.iter().map(|s| s.fence.map(|f| signed(f.epoch))).collect::<Vec<Option<i64>>>())
         .bind(fenced_conversations)
+        .bind(marks.iter().map(|&(node, _, _)| node).collect::<Vec<i64>>())
+        .bind(marks.iter().map(|&(_, _, ms)| ms).collect::<Vec<i64>>())
+        .bind(i64::from(writer))
         .fetch_all(pool)
         .await?;
     let mut inserted = HashSet::with_capacity_and_hasher(batch.len(), Default::default());

@@ -24,6 +24,8 @@ pub const SQL: Sql = Sql {
     },
     // One node, one writer: nothing to fence against.
     lock_owners: None,
+    raise_id_marks_tail: " ON CONFLICT (node_id, writer) DO UPDATE SET max_ms = MAX(id_marks.max_ms, excluded.max_ms)",
+    id_mark: "SELECT MAX(max_ms) FROM id_marks WHERE node_id = ?",
     upsert_cursors_tail: " ON CONFLICT (user_id, device_id, conversation) DO UPDATE SET seq = MAX(device_cursors.seq, excluded.seq)",
     cursors_of_device: "SELECT conversation, seq FROM device_cursors WHERE user_id = ? AND device_id = ? ORDER BY conversation",
     insert_group: "INSERT INTO chat_groups (id, created_at_ms) VALUES (?, ?)",

@@ -8,6 +8,7 @@ mod cluster;
 mod cluster_membership;
 mod cluster_plugin_state;
 mod fencing;
+mod id_marks;
 mod in_process;
 mod layering;
 mod messaging;

@@ -1,0 +1,76 @@
+//! The id high-water mark: for each node id, the millisecond of the newest message id
+//! committed (`id_marks`), so that a node restarted with its clock behind can start its
+//! ids above it (`ids::resume`).
+//!
+//! The mark is raised by the commit that stores the messages, in the same transaction
+//! (`messages.rs`, and the batch statement of `postgres.rs`): never a write of its own, and
+//! never behind what is stored, since it becomes visible with the rows. It covers every id
+//! the batch carried, stored or not (a duplicate, a fenced row): a mark a little high costs
+//! at most a short wait at start. Each writer of the group committer raises rows of its own
+//! (`writer`), so two writers of one node never queue on one row's lock; a node id's mark
+//! is the largest of its rows. It only ever grows (`GREATEST`/`MAX` on conflict).
+
+use async_trait::async_trait;
+
+use super::{Database, StoreError, on_backend, signed, unsigned};
+use crate::model::{NodeId, id_origin};
+
+/// Where a node reads its id high-water mark at start.
+#[async_trait]
+pub trait IdMarks: Send + Sync + 'static {
+    /// The millisecond (since the Unix epoch) of the newest message id `node` committed,
+    /// or `None` when it has committed none (or none since the mark was kept).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database cannot be read or holds a negative mark.
+    async fn id_mark(&self, node: NodeId) -> Result<Option<u64>, StoreError>;
+}
+
+#[async_trait]
+impl IdMarks for Database {
+    async fn id_mark(&self, node: NodeId) -> Result<Option<u64>, StoreError> {
+        let mark: Option<i64> = on_backend!(self.reader, |pool, sql| {
+            sqlx::query_scalar(sql.id_mark).bind(i64::from(node.0)).fetch_one(pool).await?
+        });
+        mark.map(|ms| unsigned(ms, "id_marks.max_ms")).transpose()
+    }
+}
+
+/// The rows a commit of `ids` raises by `writer`: `(node_id, writer, max_ms)`, one per node
+/// id among them (normally one: a node commits the ids it issued), as the database stores
+/// them.
+pub(super) fn marks_of(ids: impl IntoIterator<Item = u64>, writer: u32) -> Vec<(i64, i64, i64)> {
+    let mut newest: Vec<(NodeId, u64)> = Vec::with_capacity(1);
+    for id in ids {
+        let (node, ms) = id_origin(id);
+        match newest.iter_mut().find(|(seen, _)| *seen == node) {
+            Some((_, max)) => *max = (*max).max(ms),
+            None => newest.push((node, ms)),
+        }
+    }
+    newest.into_iter().map(|(node, ms)| (i64::from(node.0), i64::from(writer), signed(ms))).collect()
+}
+
+/// The head of the statement that raises marks: rows `(node_id, writer, max_ms)` follow,
+/// then the dialect's [`raise_id_marks_tail`](super::Sql::raise_id_marks_tail).
+pub(super) const RAISE_ID_MARKS: &str = "INSERT INTO id_marks (node_id, writer, max_ms) ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{HERALD_EPOCH_MS, NODE_BITS, SEQUENCE_BITS};
+
+    fn id(unix_ms: u64, node: u64, sequence: u64) -> u64 {
+        ((unix_ms - HERALD_EPOCH_MS) << (NODE_BITS + SEQUENCE_BITS)) | (node << SEQUENCE_BITS) | sequence
+    }
+
+    #[test]
+    fn a_batch_marks_the_newest_millisecond_of_each_node_that_issued_its_ids() {
+        let t = HERALD_EPOCH_MS + 50_000;
+        let ids = [id(t + 7, 3, 4095), id(t + 9, 3, 0), id(t + 2, 3, 12), id(t + 30, 5, 1), id(t + 1, 5, 0)];
+        let mut marks = marks_of(ids, 1);
+        marks.sort_unstable();
+        assert_eq!(marks, vec![(3, 1, signed(t + 9)), (5, 1, signed(t + 30))]);
+        assert!(marks_of([], 0).is_empty());
+    }
+}
