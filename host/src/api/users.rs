@@ -39,7 +39,9 @@ pub async fn dev_token(
     Ok(Json(json!({ "token": token })))
 }
 
-/// `GET /v1/users/{user}/presence` → online devices and their nodes.
+/// `GET /v1/users/{user}/presence` → online devices and their nodes, and when the user was
+/// last seen: now while a device is connected, else when the last one left (`null` when
+/// none left within [`LAST_SEEN_KEPT`](crate::routing::LAST_SEEN_KEPT)).
 pub async fn presence(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
@@ -56,5 +58,15 @@ pub async fn presence(
         .filter(|route| !route.parked)
         .map(|route| json!({ "device": route.device.as_str(), "node_id": route.node, "connected_at_ms": route.connected_at_ms }))
         .collect();
-    Ok(Json(json!({ "user": user.as_str(), "online": !devices.is_empty(), "devices": devices })))
+    let last_seen_ms = if devices.is_empty() {
+        node.routes.last_left(&user).await.map_err(ApiError::unavailable)?
+    } else {
+        Some(node.clock.now_ms())
+    };
+    Ok(Json(json!({
+        "user": user.as_str(),
+        "online": !devices.is_empty(),
+        "devices": devices,
+        "last_seen_ms": last_seen_ms,
+    })))
 }

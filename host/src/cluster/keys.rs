@@ -50,6 +50,11 @@ impl KeyPrefix {
         format!("{}route:{{u:{user}}}", self.0)
     }
 
+    /// `presence:{u:<user>}`: when the user's last device left (ms, Redis's clock).
+    pub(crate) fn last_left(&self, user: &UserId) -> String {
+        format!("{}presence:{{u:{user}}}", self.0)
+    }
+
     /// `route:gw:{n:<node>}`: every route `node` wrote, for clearing them when it dies.
     pub(crate) fn gateway(&self, node: NodeId) -> String {
         format!("{}route:gw:{{n:{node}}}", self.0)

@@ -28,8 +28,9 @@
 //!
 //! | key | type | holds | TTL |
 //! |---|---|---|---|
-//! | `route:{u:<user>}` | hash | device → `<node>\|<connection>\|<connected_at_ms>` | none: a node removes its routes at logout, and a dead node's are removed through its `route:gw` set |
-//! | `route:gw:{n:<node>}` | set | `<user>\|<device>\|<connection>` of every route the node wrote | none: emptied by [`RedisRouteTable::drop_node`] |
+//! | `route:{u:<user>}` | hash | device → `<node>\|<connection>\|<connected_at_ms>`, then `\|p` once parked | three heartbeats, refreshed by the nodes holding its devices ([`RedisRouteTable::keep_alive`]); a node removes its routes at logout, and a dead node's are removed through its `route:gw` set |
+//! | `route:gw:{n:<node>}` | set | `<user>\|<device>\|<connection>` of every route the node wrote | the same, refreshed by the node; emptied by [`RedisRouteTable::drop_node`] |
+//! | `presence:{u:<user>}` | string | when the user's last device left (ms, Redis's clock) | a day ([`LAST_SEEN_KEPT`](crate::routing::LAST_SEEN_KEPT)) |
 //! | `dedup:{u:<user>}:<client_msg_id>` | string | `pending`, then `stored\|<message_id>\|<seq>\|<conversation>` | `pending`: [`MarkLifetimes::pending_ttl`]; stored: [`MarkLifetimes::ttl`] |
 //! | `room:{r:<room>}:nodes` | set | the nodes with subscribers of the room | none: the last subscriber leaving removes the node |
 //! | `kv:{p:<plugin>:<key>}` | string | a value a plugin stored in its KV | the plugin's TTL, or none |
@@ -72,7 +73,7 @@ pub use keys::{InvalidPrefix, KeyPrefix};
 pub use plugin_state::{RedisPluginKv, RedisRateLimiter};
 pub use redis_dedup::{MarkLifetimes, RedisDedup};
 pub use redis_rooms::RedisRoomDirectory;
-pub use redis_routes::RedisRouteTable;
+pub use redis_routes::{RedisRouteTable, RouteLifetimes, Upkeep};
 
 /// How long a call to Redis may take before it counts as failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

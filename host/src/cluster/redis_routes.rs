@@ -19,16 +19,27 @@
 //!   route does not exist, which [`drop_node`] skips; the other order could leave a route no
 //!   clean-up would ever find.
 //!
-//! No `route:conn` or `presence` keys with a TTL (seed `002_…`): a half-open connection is
-//! closed by the gateway's heartbeat (its logout removes the route), a dead node's routes
-//! are removed by the survivors through its `route:gw` set once its lease lapsed, and a
-//! route left behind all the same is removed by the first delivery that finds it
-//! ([`RouteTable::forget_stale`]); docs/ARCHITECTURE.md §5 says why. The local cache in
-//! front of this table is [`CachedRoutes`](crate::routing::cache::CachedRoutes).
+//! Every user's hash lives [`RouteLifetimes::ttl`] (three heartbeats, as in seed `002_…`)
+//! unless refreshed: a node's upkeep ([`keep_alive`](RedisRouteTable::keep_alive), once a
+//! heartbeat) walks its own `route:gw` set, refreshes the hashes of the users whose
+//! connections it holds, and removes the routes it wrote for connections it no longer holds
+//! (a logout that failed) once two passes in a row found them so. A route of a node that is
+//! no longer a member and older than the TTL is removed by the upkeep of any node that
+//! refreshes its user (the routes of a node id that never came back after the whole cluster
+//! stopped, kept alive by the user's other devices); with no device left anywhere the hash
+//! lapses. So no route outlives its connection for long, however it ended: a half-open
+//! connection is closed by the gateway's heartbeat (its logout removes the route), a dead
+//! node's routes are removed by the survivors through its `route:gw` set once its lease
+//! lapsed, and a route left behind all the same is removed by the first delivery that finds
+//! it ([`RouteTable::forget_stale`]) or by the TTL. When a user's last device leaves,
+//! `presence:{u:<user>}` records the time (Redis's clock) for [`LAST_SEEN_KEPT`]. The local
+//! cache in front of this table is [`CachedRoutes`](crate::routing::cache::CachedRoutes).
 //!
 //! [`drop_node`]: RedisRouteTable::drop_node
 
+use std::collections::{BTreeSet, HashSet};
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::try_join_all;
@@ -38,54 +49,125 @@ use super::connection::RedisConnection;
 use super::{KeyPrefix, RedisTimeouts};
 use crate::maps::HashMap;
 use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
-use crate::routing::{Route, RouteError, RouteTable};
+use crate::routing::{LAST_SEEN_KEPT, Route, RouteError, RouteTable, now_ms};
 
 /// How many entries of a dead node's set are cleared per round trip.
 const DROP_BATCH: usize = 256;
 
-/// KEYS[1] the user's hash; ARGV[1] the device, ARGV[2] the encoded route. Returns the
-/// value it replaced, or nil.
+/// Lua shared by the scripts that take a device away: when no device of the user's hash
+/// (KEYS[1]) is connected any more (none left, or only parked ones), records Redis's time
+/// in KEYS[2] for ARGV[3] ms.
+const NOTE_LAST_LEFT: &str = "
+    local function note_last_left()
+      for _, value in ipairs(redis.call('HVALS', KEYS[1])) do
+        if string.sub(value, -2) ~= '|p' then return end
+      end
+      local now = redis.call('TIME')
+      local ms = string.format('%.0f', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+      redis.call('SET', KEYS[2], ms, 'PX', ARGV[3])
+    end";
+
+/// KEYS[1] the user's hash; ARGV[1] the device, ARGV[2] the encoded route, ARGV[3] the
+/// hash's TTL (ms). Returns the value it replaced, or nil.
 static LOGIN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local replaced = redis.call('HGET', KEYS[1], ARGV[1])
          redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+         redis.call('PEXPIRE', KEYS[1], ARGV[3])
          return replaced",
     )
 });
 
-/// KEYS[1] the user's hash; ARGV[1] the device, ARGV[2] the encoded route. Writes it only if
-/// the device has no route; returns 1 if it wrote.
-static RESTORE: LazyLock<Script> =
-    LazyLock::new(|| Script::new("return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])"));
-
-/// KEYS[1] the user's hash; ARGV[1] the device, ARGV[2] `<node>|<connection>|`. Deletes the
-/// field only if it still starts with ARGV[2]; returns 1 if it did.
-static LOGOUT: LazyLock<Script> = LazyLock::new(|| {
+/// KEYS[1] the user's hash; ARGV[1] the device, ARGV[2] the encoded route, ARGV[3] the
+/// hash's TTL (ms). Writes it only if the device has no route; returns 1 if it wrote.
+static RESTORE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        "local current = redis.call('HGET', KEYS[1], ARGV[1])
-         if current and string.sub(current, 1, string.len(ARGV[2])) == ARGV[2] then
-           redis.call('HDEL', KEYS[1], ARGV[1])
-           return 1
-         end
-         return 0",
+        "local wrote = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+         redis.call('PEXPIRE', KEYS[1], ARGV[3])
+         return wrote",
     )
 });
 
-/// KEYS[1] the user's hash; ARGV[1] the device, ARGV[2] `<node>|<connection>|`. Marks the
-/// field parked (appends `|p`) only if it still starts with ARGV[2]; returns 1 if the field
-/// is that connection's (parked now or already).
+/// KEYS[1] the user's hash, KEYS[2] when their last device left; ARGV[1] the device,
+/// ARGV[2] `<node>|<connection>|`, ARGV[3] how long KEYS[2] is kept (ms). Deletes the field
+/// only if it still starts with ARGV[2]; returns 1 if it did.
+static LOGOUT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOTE_LAST_LEFT}
+         local current = redis.call('HGET', KEYS[1], ARGV[1])
+         if current and string.sub(current, 1, string.len(ARGV[2])) == ARGV[2] then
+           redis.call('HDEL', KEYS[1], ARGV[1])
+           if string.sub(current, -2) ~= '|p' then note_last_left() end
+           return 1
+         end
+         return 0"
+    ))
+});
+
+/// KEYS[1] the user's hash, KEYS[2] when their last device left; ARGV[1] the device,
+/// ARGV[2] `<node>|<connection>|`, ARGV[3] how long KEYS[2] is kept (ms). Marks the field
+/// parked (appends `|p`) only if it still starts with ARGV[2]; returns 1 if the field is
+/// that connection's (parked now or already).
 static PARK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local current = redis.call('HGET', KEYS[1], ARGV[1])
+    Script::new(&format!(
+        "{NOTE_LAST_LEFT}
+         local current = redis.call('HGET', KEYS[1], ARGV[1])
          if current and string.sub(current, 1, string.len(ARGV[2])) == ARGV[2] then
            if string.sub(current, -2) ~= '|p' then
              redis.call('HSET', KEYS[1], ARGV[1], current .. '|p')
+             note_last_left()
            end
            return 1
          end
-         return 0",
+         return 0"
+    ))
+});
+
+/// KEYS[1] the user's hash; ARGV[1] its TTL (ms), ARGV[2] a time (ms), ARGV[3..] the live
+/// nodes. Removes the routes of nodes not among them that connected before ARGV[2], then
+/// gives what is left the TTL; returns how many it removed.
+static REFRESH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local live = {}
+         for i = 3, #ARGV do live[ARGV[i]] = true end
+         local removed = 0
+         local fields = redis.call('HGETALL', KEYS[1])
+         for i = 1, #fields, 2 do
+           local node, at = string.match(fields[i + 1], '^(%d+)|%d+|(%d+)')
+           if node and not live[node] and tonumber(at) < tonumber(ARGV[2]) then
+             redis.call('HDEL', KEYS[1], fields[i])
+             removed = removed + 1
+           end
+         end
+         redis.call('PEXPIRE', KEYS[1], ARGV[1])
+         return removed",
     )
 });
+
+/// How long routes live in Redis without a refresh.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteLifetimes {
+    /// A user's hash and a node's set lapse this long after their last refresh.
+    pub ttl: Duration,
+}
+
+impl Default for RouteLifetimes {
+    /// Three of the default heartbeats.
+    fn default() -> Self {
+        Self { ttl: Duration::from_secs(90) }
+    }
+}
+
+/// What one upkeep pass of a node's routes did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Upkeep {
+    /// Users whose hash was refreshed.
+    pub refreshed: usize,
+    /// Routes this node wrote for connections it no longer holds, removed.
+    pub left_behind: usize,
+    /// Routes of nodes that are no longer members, removed while refreshing their users.
+    pub of_departed_nodes: usize,
+}
 
 /// The cluster route table: Redis hashes shared by every node.
 pub struct RedisRouteTable {
@@ -95,12 +177,102 @@ pub struct RedisRouteTable {
     keys: KeyPrefix,
     /// Lookups get `lookup`, everything else `write`.
     timeouts: RedisTimeouts,
+    lifetimes: RouteLifetimes,
 }
 
 impl RedisRouteTable {
-    /// A route table on `redis`, under `keys`, each call bounded by `timeouts`.
+    /// A route table on `redis`, under `keys`, each call bounded by `timeouts`, its routes
+    /// living [`RouteLifetimes::default`].
     pub fn new(redis: RedisConnection, keys: KeyPrefix, timeouts: RedisTimeouts) -> Self {
-        Self { redis, keys, timeouts }
+        Self { redis, keys, timeouts, lifetimes: RouteLifetimes::default() }
+    }
+
+    /// The same, its routes living `lifetimes`.
+    #[must_use]
+    pub fn with_lifetimes(self, lifetimes: RouteLifetimes) -> Self {
+        Self { lifetimes, ..self }
+    }
+
+    /// The hash's TTL, as the scripts take it.
+    fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.lifetimes.ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// One upkeep pass of `node`'s routes: refreshes the hash of every user one of whose
+    /// connections `holds` says the node still has (removing on the way their routes of
+    /// nodes not among `live` that are older than the TTL), and removes the routes of
+    /// connections it no longer has that `suspects` already held from the pass before (a
+    /// login writes its route after its session exists, but a pass must not race one);
+    /// `suspects` is left holding this pass's. Then refreshes the node's set.
+    ///
+    /// # Errors
+    /// [`RouteError`] when a step fails or times out; the next pass picks up from scratch.
+    pub async fn keep_alive(
+        &self,
+        node: NodeId,
+        live: &[NodeId],
+        holds: impl Fn(&UserId, ConnectionId) -> bool,
+        suspects: &mut HashSet<String>,
+    ) -> Result<Upkeep, RouteError> {
+        let gateway = self.keys.gateway(node);
+        let mut upkeep = Upkeep::default();
+        let mut held = BTreeSet::new();
+        let mut suspected = HashSet::new();
+        let mut gone = Vec::new();
+        let mut cursor = 0_u64;
+        loop {
+            let mut scan = redis::cmd("SSCAN");
+            scan.arg(&gateway).arg(cursor).arg("COUNT").arg(DROP_BATCH);
+            let (next, members): (u64, Vec<String>) =
+                self.redis.query("route upkeep (scan)", self.timeouts.write, &scan).await?;
+            for member in members {
+                match decode_member(&member) {
+                    Some((user, _, connection)) if holds(&user, connection) => {
+                        held.insert(user);
+                    }
+                    Some(_) if suspects.contains(&member) => gone.push(member),
+                    _ => {
+                        suspected.insert(member);
+                    }
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        for batch in gone.chunks(DROP_BATCH) {
+            upkeep.left_behind += self.drop_routes(node, batch).await?;
+            let mut forget = redis::cmd("SREM");
+            forget.arg(&gateway).arg(batch);
+            self.redis.query::<()>("route upkeep (node set)", self.timeouts.write, &forget).await?;
+        }
+        *suspects = suspected;
+        let ttl = self.ttl_ms();
+        let cutoff = now_ms().saturating_sub(ttl);
+        let live: Vec<u32> = live.iter().map(|node| node.0).collect();
+        let users: Vec<UserId> = held.into_iter().collect();
+        for batch in users.chunks(DROP_BATCH) {
+            let refreshes = batch.iter().map(|user| {
+                let mut refresh = REFRESH.prepare_invoke();
+                refresh.key(self.keys.route(user)).arg(ttl).arg(cutoff).arg(&live);
+                let mut handle = self.redis.handle();
+                async move { refresh.invoke_async::<usize>(&mut handle).await }
+            });
+            let removed =
+                self.redis.guarded("route upkeep (refresh)", self.timeouts.write, try_join_all(refreshes)).await?;
+            upkeep.refreshed += batch.len();
+            upkeep.of_departed_nodes += removed.into_iter().sum::<usize>();
+        }
+        let mut expire = redis::cmd("PEXPIRE");
+        expire.arg(&gateway).arg(ttl);
+        self.redis.query::<()>("route upkeep (node set)", self.timeouts.write, &expire).await?;
+        Ok(upkeep)
+    }
+
+    /// The arguments of [`LOGOUT`] and [`PARK`] after the device and owner.
+    fn last_left_kept_ms() -> u64 {
+        u64::try_from(LAST_SEEN_KEPT.as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Removes every route `node` still holds, through its `route:gw` set; returns how
@@ -142,7 +314,12 @@ impl RedisRouteTable {
                 return None;
             };
             let mut logout = LOGOUT.prepare_invoke();
-            logout.key(self.keys.route(&user)).arg(device.as_str()).arg(owner(node, connection));
+            logout
+                .key(self.keys.route(&user))
+                .key(self.keys.last_left(&user))
+                .arg(device.as_str())
+                .arg(owner(node, connection))
+                .arg(Self::last_left_kept_ms());
             let mut handle = self.redis.handle();
             Some(async move { logout.invoke_async::<u8>(&mut handle).await })
         });
@@ -158,7 +335,7 @@ impl RouteTable for RedisRouteTable {
         remember.arg(self.keys.gateway(route.node)).arg(member(&route.user, &route.device, route.connection));
         self.redis.query::<()>("route login (node set)", self.timeouts.write, &remember).await?;
         let mut login = LOGIN.prepare_invoke();
-        login.key(self.keys.route(&route.user)).arg(route.device.as_str()).arg(encode(&route));
+        login.key(self.keys.route(&route.user)).arg(route.device.as_str()).arg(encode(&route)).arg(self.ttl_ms());
         let replaced: Option<String> = self.redis.invoke("route login", self.timeouts.write, &login).await?;
         Ok(replaced.and_then(|value| decode(&route.user, &route.device, &value)))
     }
@@ -171,7 +348,12 @@ impl RouteTable for RedisRouteTable {
         connection: ConnectionId,
     ) -> Result<bool, RouteError> {
         let mut logout = LOGOUT.prepare_invoke();
-        logout.key(self.keys.route(user)).arg(device.as_str()).arg(owner(node, connection));
+        logout
+            .key(self.keys.route(user))
+            .key(self.keys.last_left(user))
+            .arg(device.as_str())
+            .arg(owner(node, connection))
+            .arg(Self::last_left_kept_ms());
         let removed: u8 = self.redis.invoke("route logout", self.timeouts.write, &logout).await?;
         // The connection is gone whether or not it still held the route; a set entry left
         // behind by a failure here is skipped by `drop_node`, which removes it.
@@ -193,7 +375,11 @@ impl RouteTable for RedisRouteTable {
         connection: ConnectionId,
     ) -> Result<bool, RouteError> {
         let mut park = PARK.prepare_invoke();
-        park.key(self.keys.route(user)).arg(device.as_str()).arg(owner(node, connection));
+        park.key(self.keys.route(user))
+            .key(self.keys.last_left(user))
+            .arg(device.as_str())
+            .arg(owner(node, connection))
+            .arg(Self::last_left_kept_ms());
         let parked: u8 = self.redis.invoke("route park", self.timeouts.write, &park).await?;
         Ok(parked == 1)
     }
@@ -203,7 +389,7 @@ impl RouteTable for RedisRouteTable {
         remember.arg(self.keys.gateway(route.node)).arg(member(&route.user, &route.device, route.connection));
         self.redis.query::<()>("route restore (node set)", self.timeouts.write, &remember).await?;
         let mut restore = RESTORE.prepare_invoke();
-        restore.key(self.keys.route(&route.user)).arg(route.device.as_str()).arg(encode(&route));
+        restore.key(self.keys.route(&route.user)).arg(route.device.as_str()).arg(encode(&route)).arg(self.ttl_ms());
         let wrote: u8 = self.redis.invoke("route restore", self.timeouts.write, &restore).await?;
         Ok(wrote == 1)
     }
@@ -235,6 +421,13 @@ impl RouteTable for RedisRouteTable {
                 (!routes.is_empty()).then(|| (user.clone(), routes))
             })
             .collect())
+    }
+
+    async fn last_left(&self, user: &UserId) -> Result<Option<u64>, RouteError> {
+        let mut get = redis::cmd("GET");
+        get.arg(self.keys.last_left(user));
+        let at: Option<String> = self.redis.query("last seen lookup", self.timeouts.write, &get).await?;
+        Ok(at.and_then(|at| at.parse().ok()))
     }
 }
 

@@ -65,6 +65,10 @@ impl RouteTable for CountingRoutes {
     async fn restore(&self, route: Route) -> Result<bool, RouteError> {
         self.table.restore(route).await
     }
+
+    async fn last_left(&self, user: &UserId) -> Result<Option<u64>, RouteError> {
+        self.table.last_left(user).await
+    }
 }
 
 /// Logs `user`'s `device` in on `node` under a connection id no session of this node has:

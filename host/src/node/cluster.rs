@@ -8,7 +8,7 @@
 //! writers have committed what was queued, so no other node takes a conversation over
 //! while this one still commits for it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -25,12 +25,12 @@ use crate::cluster::membership::{MembershipSettings, RedisMembership};
 use crate::cluster::peer::{PeerBus, PeerHandler, PeerSecret, PeerServer, PeerTimeouts};
 use crate::cluster::{
     ClientUrls, KeyPrefix, MarkLifetimes, RedisConnection, RedisDedup, RedisPluginKv, RedisRateLimiter,
-    RedisRoomDirectory, RedisRouteTable, RedisTimeouts,
+    RedisRoomDirectory, RedisRouteTable, RedisTimeouts, RouteLifetimes,
 };
 use crate::config::Config;
 use crate::delivery::sessions::Sessions;
 use crate::ids::SeqAllocator;
-use crate::model::NodeId;
+use crate::model::{NodeId, UserId};
 use crate::plugins::{Hook, PluginHost, PluginKv, RateLimiter};
 use crate::routing::cache::{CacheLifetimes, CachedRoutes};
 use crate::routing::rooms::{RoomDirectory, Rooms};
@@ -149,7 +149,11 @@ impl Cluster {
             .await
             .map_err(|error| refuse(error.to_string()))?;
         let redis = redis.with_breaker(Breaker::new("redis", settings.breaker()));
-        let routes = Arc::new(RedisRouteTable::new(redis.clone(), keys.clone(), RedisTimeouts::default()));
+        // Three heartbeats: a node's upkeep refreshes its routes once a heartbeat.
+        let lifetimes = RouteLifetimes { ttl: Duration::from_millis(config.gateway.heartbeat_ms.saturating_mul(3)) };
+        let routes = Arc::new(
+            RedisRouteTable::new(redis.clone(), keys.clone(), RedisTimeouts::default()).with_lifetimes(lifetimes),
+        );
         let this_node = membership.this_node();
         // Routes an earlier process with this id left behind (it was killed) are ghosts.
         match routes.drop_node(this_node).await {
@@ -320,6 +324,29 @@ impl Cluster {
         }
         if held && let Err(error) = self.routes.drop_node(self.this_node()).await {
             tracing::warn!(%error, "could not remove this node's routes");
+        }
+    }
+
+    /// Every `every` (a heartbeat), refreshes the routes of this node's connections in
+    /// Redis and removes those it left behind ([`RedisRouteTable::keep_alive`]). Runs until
+    /// the node stops.
+    pub(super) async fn keep_routes(self: Arc<Self>, sessions: Arc<Sessions>, every: Duration) {
+        let this_node = self.this_node();
+        let mut suspects = HashSet::new();
+        let mut rounds = tokio::time::interval_at(Instant::now() + every, every);
+        rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            rounds.tick().await;
+            let mut live: Vec<NodeId> = self.membership.members().into_iter().map(|(node, _)| node).collect();
+            live.push(this_node);
+            let holds = |user: &UserId, connection| sessions.holds(user, connection);
+            match self.routes.keep_alive(this_node, &live, holds, &mut suspects).await {
+                Ok(upkeep) if upkeep.left_behind > 0 || upkeep.of_departed_nodes > 0 => {
+                    tracing::info!(?upkeep, "removed routes whose connections are gone");
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "could not refresh this node's routes in Redis"),
+            }
         }
     }
 

@@ -364,7 +364,9 @@ impl RouteTable for CachedRoutes {
                 }
                 entry => {
                     match (&mut stale, entry) {
-                        (Some(kept), Some(entry)) if !self.lifetimes.stale.is_zero() => kept.push((user.clone(), entry)),
+                        (Some(kept), Some(entry)) if !self.lifetimes.stale.is_zero() => {
+                            kept.push((user.clone(), entry))
+                        }
                         _ => stale = None,
                     }
                     missing.push(user.clone());
@@ -419,6 +421,10 @@ impl RouteTable for CachedRoutes {
 
     fn held_here(&self) -> usize {
         usize::try_from(self.entries.entry_count()).unwrap_or(usize::MAX) + self.inner.held_here()
+    }
+
+    async fn last_left(&self, user: &UserId) -> Result<Option<u64>, RouteError> {
+        self.inner.last_left(user).await
     }
 
     fn shrink_if_sparse(&self) {
@@ -535,6 +541,9 @@ mod tests {
         }
         async fn restore(&self, route: Route) -> Result<bool, RouteError> {
             self.inner.restore(route).await
+        }
+        async fn last_left(&self, user: &UserId) -> Result<Option<u64>, RouteError> {
+            self.inner.last_left(user).await
         }
     }
 
@@ -695,6 +704,9 @@ mod tests {
             async fn restore(&self, _: Route) -> Result<bool, RouteError> {
                 Ok(false)
             }
+            async fn last_left(&self, _: &UserId) -> Result<Option<u64>, RouteError> {
+                Ok(None)
+            }
         }
         let down = Arc::new(Down(tokio::sync::Notify::new()));
         let cached = Arc::new(CachedRoutes::new(Arc::clone(&down) as _, MINUTE, 1000));
@@ -731,6 +743,9 @@ mod tests {
         }
         async fn restore(&self, route: Route) -> Result<bool, RouteError> {
             self.inner.restore(route).await
+        }
+        async fn last_left(&self, user: &UserId) -> Result<Option<u64>, RouteError> {
+            self.inner.last_left(user).await
         }
     }
 

@@ -13,9 +13,11 @@ pub mod rooms;
 pub mod router;
 pub mod topology;
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use async_trait::async_trait;
 
-use crate::maps::{DashMap, HashMap};
+use crate::maps::{DashMap, HashMap, Keyed};
 use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
 
 /// Where one device of a user is connected.
@@ -91,12 +93,39 @@ pub trait RouteTable: Send + Sync + 'static {
     }
     /// Gives back the room this process's maps grew to for a crowd that has left.
     fn shrink_if_sparse(&self) {}
+    /// When `user`'s last device left (ms since the epoch), kept [`LAST_SEEN_KEPT`]; `None`
+    /// when no device left since.
+    async fn last_left(&self, user: &UserId) -> Result<Option<u64>, RouteError>;
+}
+
+/// How long the time a user's last device left is kept, for presence's `last_seen_ms`.
+pub const LAST_SEEN_KEPT: Duration = Duration::from_secs(24 * 3600);
+
+/// Now, in ms since the epoch.
+pub(crate) fn now_ms() -> u64 {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The embedded route table: a concurrent map in this process.
-#[derive(Default)]
 pub struct MemoryRouteTable {
     users: DashMap<UserId, HashMap<DeviceId, Route>>,
+    /// When each user's last device left, for [`LAST_SEEN_KEPT`] (at most
+    /// [`LAST_LEFT_USERS`] users).
+    last_left: moka::sync::Cache<UserId, u64, Keyed>,
+}
+
+/// The most users whose last departure the embedded table keeps.
+const LAST_LEFT_USERS: u64 = 1_000_000;
+
+impl Default for MemoryRouteTable {
+    fn default() -> Self {
+        let last_left = moka::sync::Cache::builder()
+            .time_to_live(LAST_SEEN_KEPT)
+            .max_capacity(LAST_LEFT_USERS)
+            .build_with_hasher(Keyed::default());
+        Self { users: DashMap::default(), last_left }
+    }
 }
 
 #[async_trait]
@@ -122,6 +151,9 @@ impl RouteTable for MemoryRouteTable {
         drop(devices);
         if now_empty {
             self.users.remove_if(user, |_, devices| devices.is_empty());
+        }
+        if removed && now_empty {
+            self.last_left.insert(user.clone(), now_ms());
         }
         Ok(removed)
     }
@@ -151,6 +183,10 @@ impl RouteTable for MemoryRouteTable {
 
     fn shrink_if_sparse(&self) {
         crate::maps::shrink_if_sparse(&self.users);
+    }
+
+    async fn last_left(&self, user: &UserId) -> Result<Option<u64>, RouteError> {
+        Ok(self.last_left.get(user))
     }
 }
 

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use herald_host::breaker::{Breaker, BreakerConfig, BreakerState};
 use herald_host::cluster::{
-    MarkLifetimes, RedisConnection, RedisDedup, RedisRoomDirectory, RedisRouteTable, RedisTimeouts,
+    MarkLifetimes, RedisConnection, RedisDedup, RedisRoomDirectory, RedisRouteTable, RedisTimeouts, RouteLifetimes,
+    Upkeep,
 };
 use herald_host::maps::HashMap;
 use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, NodeId, UserId};
@@ -203,6 +204,49 @@ async fn drop_node_removes_only_that_nodes_routes() {
     assert_eq!(table.drop_node(NodeId(1)).await.expect("drop node 1 again"), 0, "dropping is idempotent");
 }
 
+/// Routes live three heartbeats unless the node holding them refreshes them; the node's
+/// upkeep keeps its connections' routes, removes those it left behind (a logout that
+/// failed) on the second pass that finds them, and the routes of a node id that is no
+/// longer a member once they are older than the TTL, even when the user's other devices
+/// keep the hash alive. Presence learns when a user's last device left.
+#[tokio::test]
+async fn routes_lapse_unless_kept_and_no_ghost_outlives_its_connection() {
+    let scratch = Scratch::new().await;
+    let ttl = Duration::from_secs(90);
+    let table = scratch.routes().with_lifetimes(RouteLifetimes { ttl });
+    table.login(route("ann", "phone", 1, 1)).await.expect("login");
+    let lives = scratch.ttl_ms("route:{u:ann}");
+    assert!(lives > 80_000 && lives <= 90_000, "a login gives the hash its TTL: {lives} ms");
+
+    // Node 1 holds ann's phone; bob's route was left behind by a logout that failed.
+    table.login(route("bob", "phone", 1, 2)).await.expect("login");
+    // ann's laptop on node 9, which stopped with the rest of an earlier cluster and never
+    // came back: a route from before the TTL.
+    let mut ghost = route("ann", "laptop", 9, 5);
+    ghost.connected_at_ms = 1_000;
+    table.login(ghost).await.expect("a route of the earlier cluster");
+    let holds = |user: &UserId, connection: ConnectionId| user.as_str() == "ann" && connection == ConnectionId(1);
+    let mut suspects = std::collections::HashSet::new();
+    let first = table.keep_alive(NodeId(1), &[NodeId(1), NodeId(2)], holds, &mut suspects).await.expect("upkeep");
+    assert_eq!(first, Upkeep { refreshed: 1, left_behind: 0, of_departed_nodes: 1 });
+    let found = table.devices_of(&[user("ann"), user("bob")]).await.expect("lookup");
+    assert_eq!(places(&found, "ann"), vec![("phone".to_owned(), 1, 1)], "the departed node's route is gone");
+    assert_eq!(places(&found, "bob"), vec![("phone".to_owned(), 1, 2)], "one pass is not enough to remove");
+
+    let second = table.keep_alive(NodeId(1), &[NodeId(1), NodeId(2)], holds, &mut suspects).await.expect("upkeep");
+    assert_eq!(second, Upkeep { refreshed: 1, left_behind: 1, of_departed_nodes: 0 });
+    let found = table.devices_of(&[user("ann"), user("bob")]).await.expect("lookup");
+    assert!(!found.contains_key(&user("bob")), "the route left behind is removed on the second pass");
+    assert!(found.contains_key(&user("ann")), "the held one stays");
+    assert!(scratch.ttl_ms("route:gw:{n:1}") > 0, "the node's set lapses too unless the node lives");
+    let seen = table.last_left(&user("bob")).await.expect("last seen").expect("bob left");
+    let now =
+        u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after").as_millis())
+            .expect("fits");
+    assert!(now.abs_diff(seen) < 60_000, "when bob's last device left: {seen}, now {now}");
+    assert_eq!(table.last_left(&user("ann")).await.expect("last seen"), None, "ann never left");
+}
+
 #[tokio::test]
 async fn a_dedup_mark_is_fresh_once_then_in_flight_then_stored() {
     let scratch = Scratch::new().await;
@@ -325,7 +369,8 @@ async fn keys_follow_the_documented_layout() {
     dedup.complete(&user("ann"), &client_msg_id(7), outcome(1)).await;
     let stored_ttl = scratch.ttl_ms(mark);
     assert!((30_001..=600_000).contains(&stored_ttl), "a stored mark lives the dedup TTL: {stored_ttl} ms");
-    assert_eq!(scratch.ttl_ms("route:{u:ann}"), -1, "routes live until logout or drop_node");
+    let route_ttl = scratch.ttl_ms("route:{u:ann}");
+    assert!((1..=90_000).contains(&route_ttl), "routes live three heartbeats unless refreshed: {route_ttl} ms");
 }
 
 #[tokio::test]

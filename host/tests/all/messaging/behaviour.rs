@@ -340,6 +340,44 @@ async fn a_stopping_node_hands_its_devices_over_and_nothing_is_lost(topology: To
     world.stop().await;
 }
 
+/// Presence, asked of any node, names a user's connected devices and when the user was
+/// last seen: now while a device is connected, and once the last one left, when it left.
+async fn presence_says_who_is_online_and_when_they_were_last_seen(topology: Topology) {
+    let world = World::start(topology, &[]).await;
+    let conversation = dm("alice", "bob");
+    let places = world.places("alice", &conversation).await;
+    let presence = |at: usize| {
+        let world = &world;
+        async move {
+            let answer = world.node(at).get("/v1/users/bob/presence", Some(DEV_KEY)).await;
+            assert_eq!(answer.status, 200, "{answer:?}");
+            answer.json()
+        }
+    };
+    let never = presence(places.sender).await;
+    assert_eq!((never["online"].as_bool(), never["last_seen_ms"].is_null()), (Some(false), true), "{never}");
+
+    let mut bob = world.connect(places.recipient, "bob", "phone").await;
+    bob.ping().await;
+    let online = presence(places.sender).await;
+    let devices: Vec<&str> =
+        online["devices"].as_array().into_iter().flatten().filter_map(|d| d["device"].as_str()).collect();
+    assert_eq!((online["online"].as_bool(), devices), (Some(true), vec!["phone"]), "{online}");
+    let seen_online = online["last_seen_ms"].as_u64().expect("seen now");
+
+    bob.close().await;
+    world.wait_until_offline("bob", "phone").await;
+    let offline = presence(places.owner).await;
+    assert_eq!(offline["online"].as_bool(), Some(false), "{offline}");
+    let left = offline["last_seen_ms"].as_u64().expect("when bob left");
+    // Node and Redis read the same machine's clock; a second of slack for their rounding.
+    assert!(
+        left + 1_000 >= seen_online && left < seen_online + 60_000,
+        "left at {left}, after it was seen online at {seen_online}"
+    );
+    world.stop().await;
+}
+
 on_both_topologies!(
     a_device_that_never_reads_is_closed_and_nobody_else_waits_for_it,
     a_stopping_node_hands_its_devices_over_and_nothing_is_lost,
@@ -351,6 +389,7 @@ on_both_topologies!(
     room_subscribers_get_messages_live_and_catch_up_since_a_seq,
     a_repeated_client_msg_id_is_stored_once,
     an_offline_device_pulls_what_it_missed_with_sync_and_history,
+    presence_says_who_is_online_and_when_they_were_last_seen,
 );
 
 impl Client {
