@@ -277,6 +277,8 @@ async fn a_device_that_never_reads_is_closed_and_nobody_else_waits_for_it(topolo
     let mut slow = world.connect(places.recipient, "slow", SLOW).await;
     let mut flood = world.connect(places.sender, "flood", "laptop").await;
     let mut dave = world.connect(places.recipient, "dave", "phone").await;
+    // The loop below floods while the slow one is online: it must be, first.
+    world.wait_until_online(places.recipient, "slow", SLOW).await;
     let body = vec![b'x'; 32 * 1024];
     let mut sent = 0;
     // Up to 1,000 messages of 32 KiB, each acked OK: never held back by the slow one.
@@ -346,20 +348,12 @@ async fn presence_says_who_is_online_and_when_they_were_last_seen(topology: Topo
     let world = World::start(topology, &[]).await;
     let conversation = dm("alice", "bob");
     let places = world.places("alice", &conversation).await;
-    let presence = |at: usize| {
-        let world = &world;
-        async move {
-            let answer = world.node(at).get("/v1/users/bob/presence", Some(DEV_KEY)).await;
-            assert_eq!(answer.status, 200, "{answer:?}");
-            answer.json()
-        }
-    };
-    let never = presence(places.sender).await;
+    let never = world.presence(places.sender, "bob").await;
     assert_eq!((never["online"].as_bool(), never["last_seen_ms"].is_null()), (Some(false), true), "{never}");
 
-    let mut bob = world.connect(places.recipient, "bob", "phone").await;
-    bob.ping().await;
-    let online = presence(places.sender).await;
+    let bob = world.connect(places.recipient, "bob", "phone").await;
+    world.wait_until_online(places.sender, "bob", "phone").await;
+    let online = world.presence(places.sender, "bob").await;
     let devices: Vec<&str> =
         online["devices"].as_array().into_iter().flatten().filter_map(|d| d["device"].as_str()).collect();
     assert_eq!((online["online"].as_bool(), devices), (Some(true), vec!["phone"]), "{online}");
@@ -367,7 +361,7 @@ async fn presence_says_who_is_online_and_when_they_were_last_seen(topology: Topo
 
     bob.close().await;
     world.wait_until_offline("bob", "phone").await;
-    let offline = presence(places.owner).await;
+    let offline = world.presence(places.owner, "bob").await;
     assert_eq!(offline["online"].as_bool(), Some(false), "{offline}");
     let left = offline["last_seen_ms"].as_u64().expect("when bob left");
     // Node and Redis read the same machine's clock; a second of slack for their rounding.

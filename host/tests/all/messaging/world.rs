@@ -80,6 +80,16 @@ impl World {
         Client::connect(self.node(at), user, device).await
     }
 
+    /// Waits until node `at` lists `user`'s `device` as online: `connected` is sent before
+    /// the device's route is written, so presence may lag it.
+    pub async fn wait_until_online(&self, at: usize, user: &str, device: &str) {
+        let deadline = Instant::now() + WAIT;
+        while !self.is_online(at, user, device).await {
+            assert!(Instant::now() < deadline, "{user}/{device} never online\n{}", self.log_tails());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until no node lists `user`'s `device` as online (`GET /v1/users/{user}/presence`):
     /// the server has noticed the connection is gone.
     pub async fn wait_until_offline(&self, user: &str, device: &str) {
@@ -119,11 +129,23 @@ impl World {
 
     /// Whether any node lists `user`'s `device` as online, asked of node `at`.
     pub async fn is_online(&self, at: usize, user: &str, device: &str) -> bool {
-        let presence = self.node(at).get(&format!("/v1/users/{user}/presence"), Some(DEV_KEY)).await;
-        assert_eq!(presence.status, 200, "{presence:?}");
-        presence.json()["devices"]
+        self.presence(at, user).await["devices"]
             .as_array()
             .is_some_and(|devices| devices.iter().any(|entry| entry["device"] == device))
+    }
+
+    /// `GET /v1/users/{user}/presence` of node `at`, asked again after a 503 (the route
+    /// table did not answer in time, as it may not on a loaded machine) as a client would.
+    pub async fn presence(&self, at: usize, user: &str) -> serde_json::Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let presence = self.node(at).get(&format!("/v1/users/{user}/presence"), Some(DEV_KEY)).await;
+            if presence.status != 503 || Instant::now() >= deadline {
+                assert_eq!(presence.status, 200, "{presence:?}");
+                return presence.json();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The last log lines of every node.
