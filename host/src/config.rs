@@ -477,14 +477,7 @@ impl Config {
                 cluster.virtual_nodes
             )));
         }
-        if self.dev && !(cluster.peer_listen.ip().is_loopback() && cluster.advertise().ip().is_loopback()) {
-            return Err(ConfigError::Invalid(format!(
-                "dev mode links nodes on loopback only, but cluster.peer_listen is {} and cluster.advertise {}",
-                cluster.peer_listen,
-                cluster.advertise()
-            )));
-        }
-        Ok(())
+        cluster.check_links(self.dev, self.tls.enabled()).map_err(ConfigError::Invalid)
     }
 
     /// The database URL, defaulting to SQLite under the data dir.
@@ -694,14 +687,21 @@ mod tests {
         assert_eq!(config.cluster.advertise(), config.cluster.peer_listen, "advertise defaults to peer_listen");
         assert_eq!((config.node_id, config.cluster.peer_listen.port()), (Some(7), 7071));
 
-        let vars = env(&[
+        let mut vars = env(&[
             redis,
             ("HERALD_STORAGE__URL", "mariadb://root@127.0.0.1/test"),
             ("HERALD_CLUSTER__SECRET", "s3cret"),
             ("HERALD_CLUSTER__PEER_LISTEN", "0.0.0.0:7171"),
             ("HERALD_CLUSTER__ADVERTISE", "10.0.0.5:7171"),
         ]);
-        let config = Config::load_from(None, vars, &Overrides::default()).expect("a production cluster node");
+        let error = Config::load_from(None, vars.clone(), &Overrides::default()).expect_err("plain-text links");
+        assert!(error.to_string().contains("HERALD_CLUSTER__PLAINTEXT_PEERS=true"), "{error}");
+        let tls = env(&[("HERALD_TLS__CERT_FILE", "/etc/herald/cert.pem"), ("HERALD_TLS__KEY_FILE", "/k.pem")]);
+        let config = Config::load_from(None, [vars.clone(), tls].concat(), &Overrides::default()).expect("over TLS");
+        assert!(config.tls.enabled() && !config.cluster.plaintext_peers);
+        vars.extend(env(&[("HERALD_CLUSTER__PLAINTEXT_PEERS", "true")]));
+        let config = Config::load_from(None, vars, &Overrides::default()).expect("a node on a private network");
+        assert!(config.cluster.plaintext_peers);
         assert_eq!(config.cluster.advertise().to_string(), "10.0.0.5:7171");
         assert_eq!(config.cluster.secret(false), Some("s3cret"));
 

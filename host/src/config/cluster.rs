@@ -18,6 +18,11 @@ pub struct ClusterConfig {
     pub advertise: Option<SocketAddr>,
     /// Shared by every node; authenticates node-to-node links. Required outside dev mode.
     pub secret: Option<String>,
+    /// Lets node-to-node links run in plain text off loopback, for a private network the
+    /// operator trusts. Off, a node whose links leave loopback needs `[tls]`: the handshake
+    /// proves `secret` once, when a link opens, and nothing guards the frames after it.
+    /// Ignored when `[tls]` is set (links are TLS then).
+    pub plaintext_peers: bool,
     /// How long a node's lease lives without a renew: the longest a dead node's
     /// conversations wait for a new owner.
     pub lease_ttl_ms: u64,
@@ -54,6 +59,7 @@ impl Default for ClusterConfig {
             peer_listen: SocketAddr::from(([127, 0, 0, 1], 7071)),
             advertise: None,
             secret: None,
+            plaintext_peers: false,
             lease_ttl_ms: 3_000,
             virtual_nodes: 160,
             key_prefix: "herald:".to_owned(),
@@ -76,6 +82,45 @@ impl ClusterConfig {
     /// What the others connect to.
     pub fn advertise(&self) -> SocketAddr {
         self.advertise.unwrap_or(self.peer_listen)
+    }
+
+    /// Whether node-to-node traffic stays on this machine: the address links are accepted
+    /// on and the one the others dial are both loopback (dev mode, tests, several nodes on
+    /// one host). A wildcard such as `0.0.0.0` is not: it accepts links from the network.
+    pub fn links_stay_on_loopback(&self) -> bool {
+        let loopback = |address: SocketAddr| address.ip().to_canonical().is_loopback();
+        loopback(self.peer_listen) && loopback(self.advertise())
+    }
+
+    /// Checks that links can be trusted where they run: on loopback only in dev mode
+    /// (whose secret is built in), and elsewhere over TLS (`tls_enabled`) unless
+    /// `plaintext_peers` says the network is private.
+    ///
+    /// # Errors
+    /// What is wrong and which settings fix it.
+    pub fn check_links(&self, dev: bool, tls_enabled: bool) -> Result<(), String> {
+        if self.links_stay_on_loopback() {
+            return Ok(());
+        }
+        if dev {
+            return Err(format!(
+                "dev mode links nodes on loopback only, but cluster.peer_listen is {} and cluster.advertise {}",
+                self.peer_listen,
+                self.advertise()
+            ));
+        }
+        if tls_enabled || self.plaintext_peers {
+            return Ok(());
+        }
+        Err(format!(
+            "node-to-node links would cross the network in plain text: cluster.peer_listen is {} and \
+             cluster.advertise {}, not both loopback, and [tls] is not set. The handshake proves cluster.secret \
+             once; the frames after it are neither encrypted nor authenticated. Set tls.cert_file and \
+             tls.key_file (HERALD_TLS__CERT_FILE, HERALD_TLS__KEY_FILE) so links are TLS, or, on a private network \
+             no one else can reach, set cluster.plaintext_peers = true (HERALD_CLUSTER__PLAINTEXT_PEERS=true)",
+            self.peer_listen,
+            self.advertise()
+        ))
     }
 
     /// The secret links are authenticated with: the configured one, or dev mode's.
@@ -111,6 +156,63 @@ impl ClusterConfig {
             failures: self.breaker_failures,
             span: Duration::from_millis(self.breaker_span_ms),
             open_for: Duration::from_millis(self.breaker_open_ms),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn links(peer_listen: &str, advertise: Option<&str>, plaintext_peers: bool) -> ClusterConfig {
+        ClusterConfig {
+            peer_listen: peer_listen.parse().expect("peer_listen"),
+            advertise: advertise.map(|address| address.parse().expect("advertise")),
+            plaintext_peers,
+            ..ClusterConfig::default()
+        }
+    }
+
+    #[test]
+    fn links_on_loopback_need_no_tls() {
+        for (listen, advertise) in [
+            ("127.0.0.1:7071", None),
+            ("127.0.0.1:0", Some("127.0.0.2:7071")),
+            ("[::1]:7071", None),
+            ("[::ffff:127.0.0.1]:7071", None),
+        ] {
+            let cluster = links(listen, advertise, false);
+            assert!(cluster.links_stay_on_loopback(), "{listen} {advertise:?}");
+            assert_eq!(cluster.check_links(false, false), Ok(()), "{listen} {advertise:?}");
+            assert_eq!(cluster.check_links(true, false), Ok(()), "dev mode: {listen} {advertise:?}");
+        }
+    }
+
+    #[test]
+    fn links_off_loopback_need_tls_or_the_opt_out() {
+        // Either address off loopback takes the links off this machine: a wildcard accepts
+        // them from the network; a public advertise sends them across it (a NAT, a proxy).
+        for (listen, advertise) in [
+            ("0.0.0.0:7071", None),
+            ("[::]:7071", None),
+            ("0.0.0.0:0", Some("127.0.0.1:7071")),
+            ("10.0.0.5:7071", None),
+            ("127.0.0.1:7071", Some("10.0.0.5:7071")),
+        ] {
+            let cluster = links(listen, advertise, false);
+            assert!(!cluster.links_stay_on_loopback(), "{listen} {advertise:?}");
+            let error = cluster.check_links(false, false).expect_err("plain text off loopback");
+            for needed in ["plain text", "HERALD_TLS__CERT_FILE", "cluster.plaintext_peers = true", listen] {
+                assert!(error.contains(needed), "{needed:?} missing in: {error}");
+            }
+            assert_eq!(cluster.check_links(false, true), Ok(()), "TLS: {listen} {advertise:?}");
+            let opted_out = links(listen, advertise, true);
+            assert_eq!(opted_out.check_links(false, false), Ok(()), "opted out: {listen} {advertise:?}");
+            // Dev mode's secret is built in: neither TLS nor the opt-out takes it off loopback.
+            for (tls, cluster) in [(false, &opted_out), (true, &cluster)] {
+                let error = cluster.check_links(true, tls).expect_err("dev mode off loopback");
+                assert!(error.contains("dev mode links nodes on loopback only"), "{error}");
+            }
         }
     }
 }

@@ -161,7 +161,13 @@ impl Cluster {
             Ok(dropped) => tracing::info!(%this_node, dropped, "dropped the routes of this node id's previous life"),
             Err(error) => tracing::warn!(%this_node, %error, "could not drop old routes of this node id"),
         }
-        tracing::info!(%this_node, %advertise, %peer_listen, "cluster mode");
+        let links = if tls.is_some() { "tls" } else { "plain text" };
+        tracing::info!(%this_node, %advertise, %peer_listen, links, "cluster mode");
+        if tls.is_none() && !settings.links_stay_on_loopback() {
+            // Allowed by cluster.plaintext_peers only (Config::validate): say so where an
+            // operator reading the start-up lines will see it.
+            tracing::warn!("node-to-node links leave loopback in plain text (cluster.plaintext_peers = true)");
+        }
         let timeouts = PeerTimeouts::default();
         let bus = Arc::new(
             PeerBus::new(this_node, secret.clone(), Arc::clone(&membership) as _, timeouts)

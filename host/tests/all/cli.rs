@@ -108,6 +108,46 @@ fn dev_mode_on_a_non_loopback_address_is_refused_at_start() {
     assert!(stderr.contains("dev mode listens on loopback only"), "{stderr}");
 }
 
+/// Node-to-node links off loopback without `[tls]` would carry frames in plain text: the
+/// node refuses before it reaches Redis, the database or the peer port, saying what to set.
+#[test]
+fn cluster_links_off_loopback_without_tls_are_refused_at_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let node = |plaintext_peers: Option<&str>| {
+        let mut command = herald();
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path())
+            .env("HERALD_GATEWAY__JWT_SECRET", "a-test-secret-of-some-length")
+            // Nothing listens on port 1: a node past validation fails there, at once.
+            .env("HERALD_CLUSTER__REDIS_URL", "redis://127.0.0.1:1/0")
+            .env("HERALD_STORAGE__URL", "postgres://herald@127.0.0.1:1/herald")
+            .env("HERALD_STORAGE__CONNECT_TIMEOUT_MS", "500")
+            .env("HERALD_CLUSTER__SECRET", "a-cluster-secret")
+            .env("HERALD_CLUSTER__PEER_LISTEN", "0.0.0.0:0");
+        if let Some(value) = plaintext_peers {
+            command.env("HERALD_CLUSTER__PLAINTEXT_PEERS", value);
+        }
+        command.output().expect("run herald")
+    };
+    let refused = node(None);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "herald must not start:\n{stderr}");
+    for needed in
+        ["links would cross the network in plain text", "HERALD_TLS__CERT_FILE", "HERALD_CLUSTER__PLAINTEXT_PEERS"]
+    {
+        assert!(stderr.contains(needed), "{needed:?} missing in:\n{stderr}");
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // The opt-out passes validation; this node then stops at the database it cannot reach.
+    let opted_out = node(Some("true"));
+    let stderr = String::from_utf8_lossy(&opted_out.stderr);
+    assert!(!opted_out.status.success(), "no database to start with:\n{stderr}");
+    assert!(!stderr.contains("plain text") && !stderr.contains("invalid configuration"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// A data dir whose database file is damaged — not a database at all, or an SQLite file
 /// with garbage pages — is refused at start naming the file and what to do, without a panic.
 #[test]

@@ -35,6 +35,12 @@
 //! before sending anything. A caller that has not finished its hello within
 //! [`PeerTimeouts::hello`] is dropped.
 //!
+//! The proof covers the opening only: frames after it are neither authenticated nor
+//! encrypted by the link itself. That is why a link leaving loopback runs inside TLS
+//! (`[tls]`, [`PeerBus::with_tls`], [`PeerServer::with_tls`]), unless the operator declares
+//! the network private (`cluster.plaintext_peers`); the configuration refuses anything else
+//! at start ([`ClusterConfig::check_links`](crate::config::ClusterConfig::check_links)).
+//!
 //! # Failures
 //!
 //! Every call has a deadline ([`PeerTimeouts`]); past it, or when the link breaks, or when

@@ -1,7 +1,8 @@
 //! TLS without a proxy (issue 15, part 7): `[tls]` makes the client listener speak TLS —
 //! `wss://` and `https://` end to end with a certificate the test makes, a renewed
 //! certificate picked up without a restart, a broken renewal ignored, a pair that does not
-//! load refused at start; and node-to-node links over TLS in cluster mode.
+//! load refused at start; and node-to-node links over TLS in cluster mode, or in plain
+//! text off loopback only where the network is declared private.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use super::WAIT;
 use super::client::Client;
 use super::nodes::Nodes;
 use super::server::{Herald, exchange};
+use super::token;
 
 /// A self-signed certificate for 127.0.0.1 and localhost, as PEM: (certificate, key).
 fn make_certificate() -> (String, String) {
@@ -192,4 +194,68 @@ async fn two_nodes_link_over_tls_and_carry_a_message_across() {
     assert!(logs.contains("peer link open"), "the nodes linked\n{logs}");
     assert!(!logs.contains("tls handshake"), "no TLS handshake failed\n{logs}");
     nodes.stop().await;
+}
+
+/// Off loopback, links need `[tls]` or `cluster.plaintext_peers` (a node with neither is
+/// refused at start, `cli.rs`). Two production nodes accepting links on the wildcard
+/// address, configured by `extra`, link and carry a message each way.
+async fn link_off_loopback(extra: &[(&str, &str)], client: Option<Arc<ClientConfig>>) -> String {
+    const JWT_SECRET: &[u8] = b"off-loopback-test-secret-0123456";
+    let dir = tempfile::tempdir().expect("temp dir");
+    // /admin/cluster, which the harness polls for members, takes an admin key outside dev mode.
+    let file = dir.path().join("herald.toml");
+    std::fs::write(&file, format!("[api]\nadmin_keys = [\"{}\"]\n", super::server::DEV_KEY)).expect("write config");
+    let mut nodes = Nodes::start_configured(0, Backend::Postgres, &[], None).await;
+    for _ in 0..2 {
+        let mut options = nodes
+            .options()
+            .production()
+            .set("CONFIG", file.display())
+            .set("GATEWAY__JWT_SECRET", String::from_utf8_lossy(JWT_SECRET))
+            .set("CLUSTER__SECRET", "off-loopback-cluster-secret")
+            .set("CLUSTER__PEER_LISTEN", "0.0.0.0:0");
+        for (key, value) in extra {
+            options = options.set(key, value);
+        }
+        if let Some(client) = &client {
+            options = options.tls(Arc::clone(client));
+        }
+        nodes.nodes.push(options.start().await);
+    }
+    nodes.wait_for_members(2).await;
+    let mut alice = Client::open(&nodes.nodes[0], herald_proto::Encoding::Proto).await;
+    alice.login(&token::valid(JWT_SECRET, "alice"), "phone").await.unwrap_or_else(|why| panic!("{why}"));
+    let mut bob = Client::open(&nodes.nodes[1], herald_proto::Encoding::Proto).await;
+    bob.login(&token::valid(JWT_SECRET, "bob"), "phone").await.unwrap_or_else(|why| panic!("{why}"));
+    let there = alice.send_ok("dm:alice:bob", "across").await;
+    bob.deliver_of(there.message_id).await;
+    let back = bob.send_ok("dm:alice:bob", "and back").await;
+    alice.deliver_of(back.message_id).await;
+    // Whole logs: the start-up lines are asked about, which the tails may have lost.
+    let logs: String =
+        nodes.nodes.iter().map(|node| std::fs::read_to_string(node.log_path()).unwrap_or_default()).collect();
+    assert!(logs.contains("peer link open"), "the nodes linked\n{}", nodes.log_tails());
+    nodes.stop().await;
+    logs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_off_loopback_link_over_tls() {
+    let (certificate, key) = make_certificate();
+    let files = files(&certificate, &key);
+    let (cert, key) = (files.cert.display().to_string(), files.key.display().to_string());
+    // The nodes advertise the wildcard address, which no certificate names: they verify
+    // each other by name instead.
+    let extra =
+        [("TLS__CERT_FILE", cert.as_str()), ("TLS__KEY_FILE", key.as_str()), ("TLS__PEER_SERVER_NAME", "localhost")];
+    let logs = link_off_loopback(&extra, Some(trusting(&certificate))).await;
+    // The start-up line's `links` field (the log's colours sit between key and value).
+    assert!(logs.contains("\"tls\""), "{logs}");
+    assert!(!logs.contains("tls handshake") && !logs.contains("plain text"), "{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_off_loopback_link_in_plain_text_only_when_declared_private() {
+    let logs = link_off_loopback(&[("CLUSTER__PLAINTEXT_PEERS", "true")], None).await;
+    assert!(logs.contains("node-to-node links leave loopback in plain text"), "warned at start\n{logs}");
 }
