@@ -7,6 +7,7 @@ mod cli;
 mod cluster;
 mod cluster_membership;
 mod cluster_plugin_state;
+mod defaults;
 mod fencing;
 mod id_marks;
 mod in_process;
