@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cluster benchmark of issue 13: the cost of the node-to-node hop on one machine.
+# The cluster benchmark: the cost of the node-to-node hop on one machine.
 # Builds release binaries, then runs the same load twice on the local PostgreSQL and Redis,
 # each time on a fresh database and a fresh Redis key prefix:
 #   1. one node in cluster mode (every send and delivery stays on the node),

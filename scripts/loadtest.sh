@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The messaging benchmark of issue 3: builds release binaries, starts a fresh embedded
+# The messaging benchmark: builds release binaries, starts a fresh embedded
 # Herald (persistence on, dev mode, a temporary data dir), then drives 1,000 connected
 # users in pairs through the real WebSocket path with herald-loadgen:
 #   1. at a steady 5,000 msgs/s, for send→deliver latency,
 #   2. as fast as possible, compared with a trivial relay (no persistence),
 #   3. at 5,000 msgs/s again, right after that burst: the latency while SQLite is still
 #      checkpointing the burst's write-ahead log (the disk is busier, commits slower).
-# It measures the data dir's fdatasync first and ends with a summary: the tail's bound of
-# issue 16 (the larger of 10 ms and the relay's p99 + 2 x the fdatasync p99) against phases
+# It measures the data dir's fdatasync first and ends with a summary: the tail's bound
+# (the larger of 10 ms and the relay's p99 + 2 x the fdatasync p99) against phases
 # 1 and 3's p99 (at most the bound) and p999 (at most 3 x), and Herald's resident size
 # before the burst and a minute after the last phase (target: within 20 %), with the dedup
 # marks it holds at both times (live data, not memory kept).
@@ -19,7 +19,7 @@
 #                                                     # and its live heap before the burst and a minute after
 #                                                     # (herald serve --count-allocations: a few ns each)
 #
-# Room fan-out (issue 16), the same fresh Herald, each run compared with herald-relay's
+# Room fan-out, the same fresh Herald, each run compared with herald-relay's
 # broadcast (no persistence): publishers send as fast as their in-flight limit allows (a
 # message is in flight until every subscriber of its room has it), and herald-loadgen
 # reports deliveries/s over all subscribers, the latency of every delivery and the
@@ -32,7 +32,7 @@
 #
 #   scripts/loadtest.sh rooms [extra herald-loadgen flags, e.g. --publish-rate 50]
 #
-# Memory per connected device (issue 16), the same fresh Herald: IDLE_DEVICES devices
+# Memory per connected device, the same fresh Herald: IDLE_DEVICES devices
 # (default 10,000) connect in pairs and stay for 20 s at a trickle (devices/100 msgs/s in
 # all); the script reads Herald's resident size (/proc/PID/status) before they connect
 # (after 100 devices for 5 s, so that what a node's first traffic sets up is there), every
@@ -42,7 +42,7 @@
 #
 #   scripts/loadtest.sh idle
 #
-# Reloads nobody feels (issue 17): the same fresh Herald with all four first-party plugins,
+# Reloads nobody feels: the same fresh Herald with all four first-party plugins,
 # 1,000 users at 5,000 msgs/s for RELOAD_SECONDS (default 20), RELOAD_ROUNDS times (default
 # 6) a run untouched and a run with room-rate-limit's manifest changed every second (each
 # change is a new version, loaded and swapped in while the load runs), the two in
@@ -235,7 +235,7 @@ if [ "$mode" = reloads ]; then
         || die "a target was missed"
     exit 0
 fi
-# The tail's bound (issue 16): the larger of 10 ms and the relay's p99 plus twice the data
+# The tail's bound: the larger of 10 ms and the relay's p99 plus twice the data
 # dir's fdatasync p99, the disk measured here first: 500 appends of 8 KiB, each followed by
 # fdatasync, as the WAL's are.
 fsync_p99_us=$(python3 - "$data" <<'PY'

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ring benchmark of issue 13 (cluster mode): which node owns a conversation, on a
+# The ring benchmark (cluster mode): which node owns a conversation, on a
 # 3-node and a 10-node ring with the default 160 points per node (target ≤ 100 ns per
 # lookup of `dm:alice:bob`), and how many of 100,000 conversation ids change owner when a
 # 4th node joins a 3-node ring (target ≤ 1.1 × the ideal 1/4). Prints criterion's report,

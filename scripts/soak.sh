@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak test (issue 15): starts a fresh embedded Herald (dev mode, a temporary data dir,
+# The soak test: starts a fresh embedded Herald (dev mode, a temporary data dir,
 # the first-party plugins installed) and runs herald-soak against it for MINUTES: mixed
 # traffic (direct, group and room messages, announcements, groups changed through the API,
 # sync and history) with connection churn, a reconnect storm every few minutes and a plugin

@@ -1,4 +1,4 @@
-//! The consistent-hash ring of cluster mode (`host/src/routing/ring.rs`, issue 13).
+//! The consistent-hash ring of cluster mode (`host/src/routing/ring.rs`).
 //!
 //! `cargo bench -p herald-host --bench ring` (or `scripts/ring-bench.sh`)
 //! - lookup: the owner of one conversation id (`dm:alice:bob`) on a 3-node and a 10-node

@@ -1,4 +1,4 @@
-//! Owner fencing of seq leases and commits (cluster mode, issue 13), against real
+//! Owner fencing of seq leases and commits (cluster mode), against real
 //! `session_seq` tables: two pools on one database play two nodes.
 //!
 //! A lease succeeds for the node the row names, or at a newer ring epoch than the row's;

@@ -1,4 +1,4 @@
-//! Disk full (issue 15, part 5): SQLite on a small tmpfs that fills up mid-traffic. A send
+//! Disk full: SQLite on a small tmpfs that fills up mid-traffic. A send
 //! is answered RETRY while nothing can be written — never OK without a row —, the node
 //! stays up, and once space is freed the same sends go through and every OK-acked message
 //! is stored exactly once, also after a `kill -9` and a restart.

@@ -1,4 +1,4 @@
-//! PROTOCOL.md's HTTP API as far as issue 3 goes: dev tokens, conversation history as JSON,
+//! PROTOCOL.md's HTTP API: dev tokens, conversation history as JSON,
 //! presence, groups, and errors as `{"error":{"code","message"}}`.
 
 use base64::Engine as _;

@@ -1,4 +1,4 @@
-//! End-to-end messaging (issue 3), written from PROTOCOL.md alone: every test starts a real
+//! End-to-end messaging, written from PROTOCOL.md alone: every test starts a real
 //! `herald serve --dev` process on a free loopback port with a temporary data dir, and talks
 //! to it the way a third-party client would — WebSocket frames over `/v1/ws`, JSON over
 //! HTTP, and a headless Chromium for the web page.

@@ -1,4 +1,4 @@
-//! TLS without a proxy (issue 15, part 7): `[tls]` makes the client listener speak TLS —
+//! TLS without a proxy: `[tls]` makes the client listener speak TLS —
 //! `wss://` and `https://` end to end with a certificate the test makes, a renewed
 //! certificate picked up without a restart, a broken renewal ignored, a pair that does not
 //! load refused at start; and node-to-node links over TLS in cluster mode, or in plain
