@@ -221,10 +221,7 @@ impl RedisRouteTable {
         let mut gone = Vec::new();
         let mut cursor = 0_u64;
         loop {
-            let mut scan = redis::cmd("SSCAN");
-            scan.arg(&gateway).arg(cursor).arg("COUNT").arg(DROP_BATCH);
-            let (next, members): (u64, Vec<String>) =
-                self.redis.query("route upkeep (scan)", self.timeouts.write, &scan).await?;
+            let (next, members) = self.scan_set(&gateway, cursor, "route upkeep (scan)").await?;
             for member in members {
                 match decode_member(&member) {
                     Some((user, _, connection)) if holds(&user, connection) => {
@@ -243,9 +240,6 @@ impl RedisRouteTable {
         }
         for batch in gone.chunks(DROP_BATCH) {
             upkeep.left_behind += self.drop_routes(node, batch).await?;
-            let mut forget = redis::cmd("SREM");
-            forget.arg(&gateway).arg(batch);
-            self.redis.query::<()>("route upkeep (node set)", self.timeouts.write, &forget).await?;
         }
         *suspects = suspected;
         let ttl = self.ttl_ms();
@@ -289,15 +283,9 @@ impl RedisRouteTable {
         let mut cursor = 0_u64;
         let mut removed = 0;
         loop {
-            let mut scan = redis::cmd("SSCAN");
-            scan.arg(&gateway).arg(cursor).arg("COUNT").arg(DROP_BATCH);
-            let (next, members): (u64, Vec<String>) =
-                self.redis.query("route clean-up (scan)", self.timeouts.write, &scan).await?;
+            let (next, members) = self.scan_set(&gateway, cursor, "route clean-up (scan)").await?;
             if !members.is_empty() {
                 removed += self.drop_routes(node, &members).await?;
-                let mut forget = redis::cmd("SREM");
-                forget.arg(&gateway).arg(&members);
-                self.redis.query::<()>("route clean-up (node set)", self.timeouts.write, &forget).await?;
             }
             if next == 0 {
                 return Ok(removed);
@@ -306,7 +294,16 @@ impl RedisRouteTable {
         }
     }
 
-    /// Removes the routes named by `members` of `node`'s set that still belong to it.
+    /// One step of `SSCAN` over the node set `gateway` from `cursor`: the next cursor (0:
+    /// done) and up to about [`DROP_BATCH`] members.
+    async fn scan_set(&self, gateway: &str, cursor: u64, what: &'static str) -> Result<(u64, Vec<String>), RouteError> {
+        let mut scan = redis::cmd("SSCAN");
+        scan.arg(gateway).arg(cursor).arg("COUNT").arg(DROP_BATCH);
+        Ok(self.redis.query(what, self.timeouts.write, &scan).await?)
+    }
+
+    /// Removes the routes named by `members` of `node`'s set that still belong to it, then
+    /// those members from the set; returns how many routes it removed.
     async fn drop_routes(&self, node: NodeId, members: &[String]) -> Result<usize, RouteError> {
         let deletions = members.iter().filter_map(|member| {
             let Some((user, device, connection)) = decode_member(member) else {
@@ -324,6 +321,9 @@ impl RedisRouteTable {
             Some(async move { logout.invoke_async::<u8>(&mut handle).await })
         });
         let dropped = self.redis.guarded("route clean-up", self.timeouts.write, try_join_all(deletions)).await?;
+        let mut forget = redis::cmd("SREM");
+        forget.arg(self.keys.gateway(node)).arg(members);
+        self.redis.query::<()>("route clean-up (node set)", self.timeouts.write, &forget).await?;
         Ok(dropped.into_iter().filter(|&removed| removed == 1).count())
     }
 }

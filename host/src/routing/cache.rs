@@ -310,6 +310,23 @@ impl CachedRoutes {
         }
     }
 
+    /// The answer of last resort when the table cannot be read: every user's entry, fresh
+    /// or past its TTL, or `None` when one has none (never read, or dropped by a change
+    /// since) or entries are never used stale.
+    fn last_resort(&self, users: &[UserId]) -> Option<HashMap<UserId, Vec<Route>>> {
+        if self.lifetimes.stale.is_zero() {
+            return None;
+        }
+        let mut kept = HashMap::with_capacity_and_hasher(users.len(), Default::default());
+        for user in users {
+            let entry = self.entries.get(user)?;
+            if !entry.routes.is_empty() {
+                kept.insert(user.clone(), entry.routes.to_vec());
+            }
+        }
+        Some(kept)
+    }
+
     /// Hits and misses so far.
     pub fn counts(&self) -> &CacheCounts {
         &self.counts
@@ -353,8 +370,6 @@ impl RouteTable for CachedRoutes {
     async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
         let mut found = HashMap::with_capacity_and_hasher(users.len(), Default::default());
         let mut missing = Vec::new();
-        // The missed users' entries past their TTL, while every one has one.
-        let mut stale = Some(Vec::new());
         for user in users {
             match self.entries.get(user) {
                 Some(entry) if entry.read_at.elapsed() < self.lifetimes.fresh => {
@@ -362,15 +377,7 @@ impl RouteTable for CachedRoutes {
                         found.insert(user.clone(), entry.routes.to_vec());
                     }
                 }
-                entry => {
-                    match (&mut stale, entry) {
-                        (Some(kept), Some(entry)) if !self.lifetimes.stale.is_zero() => {
-                            kept.push((user.clone(), entry))
-                        }
-                        _ => stale = None,
-                    }
-                    missing.push(user.clone());
-                }
+                _ => missing.push(user.clone()),
             }
         }
         let (hits, misses) = ((users.len() - missing.len()) as u64, missing.len() as u64);
@@ -391,14 +398,9 @@ impl RouteTable for CachedRoutes {
                 Ok(found)
             }
             Err(error) => {
-                let stale = stale.ok_or(error)?;
-                metrics::counter!("herald_route_cache_stale_total").increment(stale.len() as u64);
-                for (user, entry) in stale {
-                    if !entry.routes.is_empty() {
-                        found.insert(user, entry.routes.to_vec());
-                    }
-                }
-                Ok(found)
+                let kept = self.last_resort(users).ok_or(error)?;
+                metrics::counter!("herald_route_cache_stale_total").increment(misses);
+                Ok(kept)
             }
         }
     }
