@@ -409,7 +409,7 @@ mod tests {
 
     #[test]
     fn frames_travel_as_binary_or_text_by_encoding() {
-        let ping = Frame::new(3, v1::Ping { time_ms: 42 });
+        let ping = Frame::new(3, v1::Ping { time_ms: 42, reply: false });
         let limits = DecodeLimits::default();
         for encoding in [Encoding::Proto, Encoding::Json] {
             let message = frame_to_message(&ping, encoding).expect("encodes");

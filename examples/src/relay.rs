@@ -431,6 +431,8 @@ async fn serve_connection(stream: TcpStream, hub: Arc<Hub>, config: RelayConfig)
             session_id: format!("relay-{connection}"),
             heartbeat_ms: config.heartbeat_ms,
             server_time_ms: now_ms(),
+            // The relay never closes a silent client.
+            client_timeout_ms: 0,
         },
     ));
 

@@ -55,7 +55,7 @@ fn frames() -> Vec<(&'static str, Frame)> {
         ("history", Frame::new(5, v1::History { conversation: "room:lobby".into(), before_seq: 90, limit: 10 })),
         ("subscribe", Frame::new(6, v1::Subscribe { room: "room:lobby".into(), since_seq: Some(12) })),
         ("unsubscribe", Frame::new(7, v1::Unsubscribe { room: "room:lobby".into() })),
-        ("ping", Frame::new(8, v1::Ping { time_ms: 1_780_315_200_000 })),
+        ("ping", Frame::new(8, v1::Ping { time_ms: 1_780_315_200_000, reply: false })),
         (
             "send_ack",
             Frame::new(

@@ -664,6 +664,13 @@ mod tests {
             Config::load_from(None, env(&[("HERALD_GATEWAY__SHUTDOWN_DELAY_MS", "3600000")]), &Overrides::default())
                 .expect_err("an hour's shutdown delay");
         assert!(error.to_string().contains("gateway.shutdown_delay_ms 3600000"), "{error}");
+        let error =
+            Config::load_from(None, env(&[("HERALD_GATEWAY__CLIENT_TIMEOUT_MS", "20000")]), &Overrides::default())
+                .expect_err("a client timeout of two heartbeats");
+        assert!(
+            error.to_string().contains("gateway.client_timeout_ms 20000 must be at least three heartbeats"),
+            "{error}"
+        );
     }
 
     #[test]

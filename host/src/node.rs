@@ -215,8 +215,8 @@ impl Node {
             cluster.serve_peers(Arc::new(peers), node.stop.subscribe());
             let lease_ttl = node.config.cluster.lease_ttl();
             node.spawn_until_stopped(Arc::clone(cluster).follow_ring(Arc::clone(&node.plugins.host), seqs, lease_ttl));
-            let heartbeat = Duration::from_millis(node.config.gateway.heartbeat_ms);
-            node.spawn_until_stopped(Arc::clone(cluster).keep_routes(Arc::clone(&held_here.sessions), heartbeat));
+            let upkeep = Duration::from_millis(node.config.gateway.client_timeout_ms / 3);
+            node.spawn_until_stopped(Arc::clone(cluster).keep_routes(Arc::clone(&held_here.sessions), upkeep));
             node.spawn_until_stopped(Arc::clone(cluster).reassert_after_data_loss(held_here));
         }
         Ok(node)

@@ -9,7 +9,7 @@
 //! ```
 //! use herald_proto::{DecodeLimits, Encoding, decode_frame, encode_frame, v1};
 //!
-//! let ping = v1::Frame::new(7, v1::Ping { time_ms: 1_700_000_000_000 });
+//! let ping = v1::Frame::new(7, v1::Ping { time_ms: 1_700_000_000_000, reply: false });
 //! let text = encode_frame(&ping, Encoding::Json)?;
 //! assert_eq!(text, br#"{"rid":7,"ping":{"timeMs":"1700000000000"}}"#);
 //! let back = decode_frame(text, Encoding::Json, &DecodeLimits::default())?;

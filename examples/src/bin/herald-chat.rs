@@ -14,10 +14,7 @@ use herald_examples::{
     connection::{Connection, ConnectionError},
     ids::is_valid_name,
 };
-use herald_proto::{
-    Encoding,
-    v1::{self, Frame},
-};
+use herald_proto::{Encoding, v1};
 use tokio::{
     sync::mpsc,
     time::{Instant, sleep_until},
@@ -75,6 +72,9 @@ enum SessionEnd {
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait for outstanding `send_ack`s when the user leaves.
 const QUIT_GRACE: Duration = Duration::from_secs(3);
+/// How much longer than a heartbeat the server may stay silent before it counts as gone:
+/// room for a slow network and a busy server.
+const DEAD_SERVER_MARGIN: Duration = Duration::from_secs(3);
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -194,8 +194,9 @@ async fn session(
     lines: &mut mpsc::Receiver<String>,
     stdin_open: &mut bool,
 ) -> SessionEnd {
-    let heartbeat = Duration::from_millis(u64::from(connected.heartbeat_ms.max(1000)));
-    let mut next_ping = Instant::now() + heartbeat;
+    // The server writes at least once a heartbeat; a silence longer than that and a margin
+    // for the network means it is gone (PROTOCOL.md, "Heartbeats").
+    let dead_after = Duration::from_millis(u64::from(connected.heartbeat_ms.max(1000))) + DEAD_SERVER_MARGIN;
     let mut last_heard = Instant::now();
     let mut retries: Vec<(Instant, String)> = Vec::new();
     let mut quit_by: Option<Instant> = (!*stdin_open).then(|| Instant::now() + QUIT_GRACE);
@@ -235,20 +236,10 @@ async fn session(
                     Effects { quit: true, ..Effects::default() }
                 }
             },
-            () = sleep_until(next_ping) => {
-                if last_heard.elapsed() > heartbeat * 3 {
-                    return SessionEnd::Lost("the server stopped answering".to_owned(), None);
-                }
-                next_ping = Instant::now() + heartbeat;
-                let now_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
-                Effects {
-                    send: vec![Frame::new(0, v1::Ping { time_ms: now_ms })],
-                    ..Effects::default()
-                }
+            () = sleep_until(last_heard + dead_after) => {
+                return SessionEnd::Lost(format!("the server was silent for {} s", dead_after.as_secs()), None);
             },
-            () = sleep_until(next_retry.unwrap_or(next_ping)), if next_retry.is_some() => {
+            () = sleep_until(next_retry.unwrap_or(last_heard + dead_after)), if next_retry.is_some() => {
                 let now = Instant::now();
                 let due: Vec<String> = retries
                     .iter()
@@ -262,7 +253,7 @@ async fn session(
                 }
                 effects
             },
-            () = sleep_until(quit_by.unwrap_or(next_ping)), if quit_by.is_some() => Effects::default(),
+            () = sleep_until(quit_by.unwrap_or(last_heard + dead_after)), if quit_by.is_some() => Effects::default(),
         };
         if let Some(end) = apply(&mut connection, effects, &mut retries, &mut quit_by).await {
             return end;

@@ -290,7 +290,7 @@ impl ChatState {
                     ..Effects::default()
                 }
             }
-            Some(Body::Ping(ping)) => {
+            Some(Body::Ping(ping)) if ping.reply => {
                 Effects { send: vec![Frame::new(frame.rid, v1::Pong { time_ms: ping.time_ms })], ..Effects::default() }
             }
             Some(Body::GoAway(go_away)) => {
@@ -309,7 +309,7 @@ impl ChatState {
             Some(Body::Error(error)) => {
                 Effects::print(format!("! server error {} (request {}): {}", error.code, error.rid, error.message))
             }
-            Some(Body::Pong(_) | Body::Connected(_)) | None => Effects::default(),
+            Some(Body::Ping(_) | Body::Pong(_) | Body::Connected(_)) | None => Effects::default(),
             Some(other) => Effects::print(format!("! unexpected {} frame", other.name())),
         }
     }
@@ -562,10 +562,12 @@ mod tests {
     }
 
     #[test]
-    fn pings_are_answered_with_the_same_rid() {
+    fn pings_that_ask_are_answered_with_the_same_rid() {
         let mut chat = ChatState::new("alice", false);
-        let effects = chat.on_frame(Frame::new(9, v1::Ping { time_ms: 5 }));
+        let effects = chat.on_frame(Frame::new(9, v1::Ping { time_ms: 5, reply: true }));
         assert_eq!(effects.send, [Frame::new(9, v1::Pong { time_ms: 5 })]);
+        let plain = chat.on_frame(Frame::new(0, v1::Ping { time_ms: 6, reply: false }));
+        assert!(plain.send.is_empty() && plain.print.is_empty(), "a plain ping needs no answer: {plain:?}");
     }
 
     #[test]

@@ -329,11 +329,12 @@ impl User {
                 }
             }
             Some(Body::SyncReply(reply)) => self.on_sync_reply(reply).await,
-            Some(Body::Ping(ping)) => {
+            // Only a ping that asks is answered (PROTOCOL.md): the others cost a frame each.
+            Some(Body::Ping(ping)) if ping.reply => {
                 let pong = v1::Pong { time_ms: ping.time_ms };
                 self.write(&Frame::new(frame.rid, pong)).await;
             }
-            Some(Body::Pong(_)) => {}
+            Some(Body::Ping(_) | Body::Pong(_)) => {}
             Some(Body::GoAway(_)) => {
                 counters.go_aways.incr();
                 let user = &self.plan.user;

@@ -73,7 +73,7 @@ async fn two_clients_chat_with_ids_and_bodies_intact() {
     assert_eq!(message.sender, "bob");
 
     // Pings are answered with the same rid.
-    alice.send(&Frame::new(42, v1::Ping { time_ms: 123 })).await.expect("ping");
+    alice.send(&Frame::new(42, v1::Ping { time_ms: 123, reply: false })).await.expect("ping");
     assert_eq!(next(&mut alice).await, Frame::new(42, v1::Pong { time_ms: 123 }));
 }
 
@@ -135,7 +135,7 @@ async fn protocol_violations_close_with_their_codes() {
     assert_eq!(refused.expect_err("bad token").close_code(), Some(4001));
 
     let mut early = herald_examples::Connection::open(&url, Encoding::Proto, STEP).await.expect("opens");
-    early.send(&Frame::new(1, v1::Ping { time_ms: 1 })).await.expect("writes");
+    early.send(&Frame::new(1, v1::Ping { time_ms: 1, reply: false })).await.expect("writes");
     let closed = tokio::time::timeout(STEP, early.recv()).await.expect("in time");
     assert_eq!(closed.expect_err("closed").close_code(), Some(4010));
 

@@ -28,7 +28,7 @@
 //!
 //! | key | type | holds | TTL |
 //! |---|---|---|---|
-//! | `route:{u:<user>}` | hash | device → `<node>\|<connection>\|<connected_at_ms>`, then `\|p` once parked | three heartbeats, refreshed by the nodes holding its devices ([`RedisRouteTable::keep_alive`]); a node removes its routes at logout, and a dead node's are removed through its `route:gw` set |
+//! | `route:{u:<user>}` | hash | device → `<node>\|<connection>\|<connected_at_ms>`, then `\|p` once parked | `gateway.client_timeout_ms`, refreshed by the nodes holding its devices ([`RedisRouteTable::keep_alive`]); a node removes its routes at logout, and a dead node's are removed through its `route:gw` set |
 //! | `route:gw:{n:<node>}` | set | `<user>\|<device>\|<connection>` of every route the node wrote | the same, refreshed by the node; emptied by [`RedisRouteTable::drop_node`] |
 //! | `presence:{u:<user>}` | string | when the user's last device left (ms, Redis's clock) | a day ([`LAST_SEEN_KEPT`](crate::routing::LAST_SEEN_KEPT)) |
 //! | `dedup:{u:<user>}:<client_msg_id>` | string | `pending`, then `stored\|<message_id>\|<seq>\|<conversation>` | `pending`: [`MarkLifetimes::pending_ttl`]; stored: [`MarkLifetimes::ttl`] |

@@ -19,16 +19,16 @@
 //!   route does not exist, which [`drop_node`] skips; the other order could leave a route no
 //!   clean-up would ever find.
 //!
-//! Every user's hash lives [`RouteLifetimes::ttl`] (three heartbeats, as in seed `002_…`)
-//! unless refreshed: a node's upkeep ([`keep_alive`](RedisRouteTable::keep_alive), once a
-//! heartbeat) walks its own `route:gw` set, refreshes the hashes of the users whose
+//! Every user's hash lives [`RouteLifetimes::ttl`] (`gateway.client_timeout_ms`, as long as
+//! a silent connection may stay) unless refreshed: a node's upkeep
+//! ([`keep_alive`](RedisRouteTable::keep_alive), three times in that while) walks its own `route:gw` set, refreshes the hashes of the users whose
 //! connections it holds, and removes the routes it wrote for connections it no longer holds
 //! (a logout that failed) once two passes in a row found them so. A route of a node that is
 //! no longer a member and older than the TTL is removed by the upkeep of any node that
 //! refreshes its user (the routes of a node id that never came back after the whole cluster
 //! stopped, kept alive by the user's other devices); with no device left anywhere the hash
 //! lapses. So no route outlives its connection for long, however it ended: a half-open
-//! connection is closed by the gateway's heartbeat (its logout removes the route), a dead
+//! connection is closed by the gateway's client timeout (its logout removes the route), a dead
 //! node's routes are removed by the survivors through its `route:gw` set once its lease
 //! lapsed, and a route left behind all the same is removed by the first delivery that finds
 //! it ([`RouteTable::forget_stale`]) or by the TTL. When a user's last device leaves,
@@ -152,7 +152,7 @@ pub struct RouteLifetimes {
 }
 
 impl Default for RouteLifetimes {
-    /// Three of the default heartbeats.
+    /// The default `gateway.client_timeout_ms`.
     fn default() -> Self {
         Self { ttl: Duration::from_secs(90) }
     }

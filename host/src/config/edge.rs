@@ -9,8 +9,15 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
-    /// The server pings every this many ms; a connection silent for 3 intervals is closed.
+    /// The server writes to each connection at least every this many ms: a `ping` when it
+    /// has nothing else to send. Clients take a silence of this plus a margin as a dead
+    /// server, so it bounds how soon they notice one.
     pub heartbeat_ms: u64,
+    /// A connection from which no frame came for this many ms is closed (1000). The server's
+    /// pings ask for a `pong` two heartbeats before it runs out, so an idle client that
+    /// answers stays. It is also how long a route lives in Redis unless its node refreshes
+    /// it. At least three heartbeats.
+    pub client_timeout_ms: u64,
     /// The first frame must be `connect` within this many ms (close 4002 otherwise).
     pub connect_timeout_ms: u64,
     /// Largest frame accepted, in bytes (close 1009 otherwise).
@@ -59,7 +66,8 @@ pub struct GatewayConfig {
 impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
-            heartbeat_ms: 30_000,
+            heartbeat_ms: 12_000,
+            client_timeout_ms: 90_000,
             connect_timeout_ms: 10_000,
             max_frame_bytes: 1 << 20,
             send_queue: 1024,
@@ -90,12 +98,20 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), String> {
         let at_least_one = [
             ("heartbeat_ms", self.heartbeat_ms),
+            ("client_timeout_ms", self.client_timeout_ms),
             ("connect_timeout_ms", self.connect_timeout_ms),
             ("send_queue", self.send_queue as u64),
             ("header_read_timeout_ms", self.header_read_timeout_ms),
         ];
         if let Some((name, _)) = at_least_one.iter().find(|(_, value)| *value == 0) {
             return Err(format!("gateway.{name} must be at least 1"));
+        }
+        if self.client_timeout_ms < self.heartbeat_ms.saturating_mul(3) {
+            return Err(format!(
+                "gateway.client_timeout_ms {} must be at least three heartbeats (3 × gateway.heartbeat_ms {}): the \
+                 server asks an idle client for an answer two heartbeats before its timeout",
+                self.client_timeout_ms, self.heartbeat_ms
+            ));
         }
         if self.max_frame_bytes < 64 {
             return Err(format!("gateway.max_frame_bytes {} must be at least 64", self.max_frame_bytes));

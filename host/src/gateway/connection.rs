@@ -8,13 +8,14 @@
 //! blocking the caller, so one slow client can never stall delivery to others.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use herald_proto::SharedFrame;
 use herald_proto::v1::{self, Frame};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::delivery::session::Outbox;
 use crate::maps::DashMap;
@@ -84,6 +85,11 @@ pub struct Connection {
     /// Wakes everyone else who waits on this connection: for a close (the reader), for
     /// room in the queue (backfill), for the writer's end (a drain). Each re-checks.
     changed: Notify,
+    /// When the connection opened: the origin of `heard_ms`.
+    opened: Instant,
+    /// When a frame last came from the client, in ms after `opened`: the writer asks for a
+    /// `pong` only after a long enough silence.
+    heard_ms: AtomicU64,
 }
 
 #[derive(Default)]
@@ -113,7 +119,20 @@ impl Connection {
             closed: AtomicBool::new(false),
             wake_writer: Notify::new(),
             changed: Notify::new(),
+            opened: Instant::now(),
+            heard_ms: AtomicU64::new(0),
         }
+    }
+
+    /// A frame came from the client just now.
+    pub fn heard(&self) {
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.heard_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// When a frame last came from the client (the connection's opening, before any did).
+    pub fn heard_at(&self) -> Instant {
+        self.opened + std::time::Duration::from_millis(self.heard_ms.load(Ordering::Relaxed))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

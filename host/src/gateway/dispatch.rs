@@ -28,12 +28,15 @@ pub(super) async fn read_loop(
     limits: &DecodeLimits,
     budget: &FrameBudget,
 ) -> CloseReason {
-    let silence = Duration::from_millis(gateway.config.heartbeat_ms.saturating_mul(3));
+    let silence = Duration::from_millis(gateway.config.client_timeout_ms);
     loop {
         let frame = tokio::select! {
             next = tokio::time::timeout(silence, next_frame(stream, limits, budget)) => match next {
-                Err(_) => return CloseReason::new(close::NORMAL, "no traffic for 3 heartbeat intervals"),
-                Ok(Ok(frame)) => frame,
+                Err(_) => return CloseReason::new(close::NORMAL, format!("no traffic for {} ms", silence.as_millis())),
+                Ok(Ok(frame)) => {
+                    client.connection.heard();
+                    frame
+                }
                 Ok(Err(Some(why))) => return why,
                 Ok(Err(None)) => return CloseReason::normal(),
             },

@@ -2,9 +2,9 @@
 //!
 //! Per connection: a handshake (`connect` within the timeout, token checked), then a reader
 //! loop that decodes frames and dispatches them ([`dispatch`]), and one writer task that
-//! owns the socket's sending half and drains a bounded queue ([`writer`]). The server pings
-//! every `heartbeat_ms`; a connection silent for three intervals is closed and its route
-//! removed. A second connection of the same user and device kicks the first (4009).
+//! owns the socket's sending half and drains a bounded queue ([`writer`]). The server writes
+//! at least every `heartbeat_ms` (a ping when nothing else goes, [`heartbeat`]); a connection
+//! from which nothing came for `client_timeout_ms` is closed and its route removed. A second connection of the same user and device kicks the first (4009).
 //!
 //! The gateway is the only part that sees sockets: it hands the pipeline a
 //! [`SendRequest`](crate::routing::bus::SendRequest) and writes the ack it gets back, and
@@ -21,6 +21,7 @@ pub mod auth;
 pub mod connection;
 pub mod delay;
 mod dispatch;
+mod heartbeat;
 pub mod intake;
 pub mod redirect;
 mod writer;
@@ -56,6 +57,7 @@ use crate::routing::Route;
 use auth::Authenticator;
 use connection::{CloseReason, Connection, Connections, close};
 use dispatch::{next_frame, read_loop};
+use heartbeat::Heartbeat;
 use intake::{ConnectionPermit, FrameBudget, Intake, SendBudget};
 use redirect::Redirects;
 use writer::{close_now, write_loop};
@@ -327,7 +329,11 @@ async fn attach(
         // Shutdown began after this connection was accepted: it gets what the others got.
         connection.go_away(DRAINING, gateway.config.go_away_spread_ms, gateway.reconnect_url(&session.user));
     }
-    let heartbeat = Duration::from_millis(gateway.config.heartbeat_ms);
+    let heartbeat = Heartbeat::new(
+        Duration::from_millis(gateway.config.heartbeat_ms),
+        Duration::from_millis(gateway.config.client_timeout_ms),
+        tokio::time::Instant::now(),
+    );
     tokio::spawn(write_loop(sink, Arc::clone(connection), heartbeat, encoding, Arc::clone(&gateway.clock)));
     let this_node = gateway.this_node();
     connection.push(Frame::new(
@@ -339,6 +345,7 @@ async fn attach(
             session_id: format!("{this_node}-{}", connection.id),
             heartbeat_ms: u32::try_from(gateway.config.heartbeat_ms).unwrap_or(u32::MAX),
             server_time_ms: gateway.clock.now_ms(),
+            client_timeout_ms: u32::try_from(gateway.config.client_timeout_ms).unwrap_or(u32::MAX),
         },
     ));
     let previous = kick_previous(gateway, session).await;

@@ -2,7 +2,7 @@
 //! together are written together, with one flush.
 
 use std::sync::Arc;
-use std::time::Duration;
+use tokio::time::Instant;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use bytes::Bytes;
@@ -12,13 +12,14 @@ use herald_proto::v1::{self, Frame};
 use herald_proto::{Encoding, encode_frame};
 
 use super::connection::{CloseReason, Connection, Outgoing};
+use super::heartbeat::Heartbeat;
 use crate::clock::WallClock;
 
-/// Writes queued frames, pings every `heartbeat`, and finally the close frame.
+/// Writes queued frames, pings as `heartbeat` says, and finally the close frame.
 pub(super) async fn write_loop(
     mut sink: SplitSink<WebSocket, Message>,
     connection: Arc<Connection>,
-    heartbeat: Duration,
+    mut heartbeat: Heartbeat,
     encoding: Encoding,
     clock: Arc<dyn WallClock>,
 ) {
@@ -30,7 +31,11 @@ pub(super) async fn write_loop(
         }
     }
     let _stopped = Stopped(&connection);
-    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
+    // One timer for the connection's life, moved rather than made anew: a ping is due at
+    // the earliest when the last write is a heartbeat old, so a busy connection's writes
+    // cost the timer nothing, and it fires at most once a heartbeat.
+    let ping = tokio::time::sleep_until(heartbeat.next(connection.heard_at()));
+    tokio::pin!(ping);
     loop {
         if let Some((why, farewell)) = connection.close_request() {
             if let Some(message) = farewell.and_then(|frame| to_message(&Outgoing::Own(frame), encoding)) {
@@ -45,15 +50,27 @@ pub(super) async fn write_loop(
             Ok(0) => tokio::select! {
                 biased;
                 () = connection.work() => Ok(()),
-                _ = ping.tick() => {
-                    let ping = Outgoing::Own(Box::new(Frame::new(0, v1::Ping { time_ms: clock.now_ms() })));
-                    match to_message(&ping, encoding) {
-                        Some(message) => sink.send(message).await,
+                () = &mut ping => {
+                    let (now, heard_at) = (Instant::now(), connection.heard_at());
+                    let sent = match heartbeat.due(now, heard_at) {
+                        Some(due) => {
+                            let frame = Frame::new(0, v1::Ping { time_ms: clock.now_ms(), reply: due.reply });
+                            match to_message(&Outgoing::Own(Box::new(frame)), encoding) {
+                                Some(message) => sink.send(message).await,
+                                None => Ok(()),
+                            }
+                        }
                         None => Ok(()),
-                    }
+                    };
+                    ping.as_mut().reset(heartbeat.next(heard_at));
+                    sent
                 }
             },
-            written => written.map(|_| ()),
+            Ok(_) => {
+                heartbeat.wrote(Instant::now());
+                Ok(())
+            }
+            Err(error) => Err(error),
         };
         if written.is_err() {
             connection.close(CloseReason::normal());

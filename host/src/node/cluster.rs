@@ -149,8 +149,10 @@ impl Cluster {
             .await
             .map_err(|error| refuse(error.to_string()))?;
         let redis = redis.with_breaker(Breaker::new("redis", settings.breaker()));
-        // Three heartbeats: a node's upkeep refreshes its routes once a heartbeat.
-        let lifetimes = RouteLifetimes { ttl: Duration::from_millis(config.gateway.heartbeat_ms.saturating_mul(3)) };
+        // A route lives as long as a silent connection may: its node's upkeep refreshes it
+        // three times in that while, and a connection past it is closed (its logout removes
+        // the route) or its node is gone.
+        let lifetimes = RouteLifetimes { ttl: Duration::from_millis(config.gateway.client_timeout_ms) };
         let routes = Arc::new(
             RedisRouteTable::new(redis.clone(), keys.clone(), RedisTimeouts::default()).with_lifetimes(lifetimes),
         );
@@ -333,7 +335,7 @@ impl Cluster {
         }
     }
 
-    /// Every `every` (a heartbeat), refreshes the routes of this node's connections in
+    /// Every `every` (a third of a route's lifetime), refreshes the routes of this node's connections in
     /// Redis and removes those it left behind ([`RedisRouteTable::keep_alive`]). Runs until
     /// the node stops.
     pub(super) async fn keep_routes(self: Arc<Self>, sessions: Arc<Sessions>, every: Duration) {

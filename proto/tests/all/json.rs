@@ -94,7 +94,7 @@ fn status_is_accepted_as_a_number() {
 fn unknown_fields_and_status_names_are_ignored_for_forward_compatibility() {
     let frame = decode(r#"{"rid":1,"futureField":[1,{"a":2}],"ping":{"timeMs":"5","extra":true}}"#, Encoding::Json)
         .expect("decodes");
-    assert_eq!(frame, v1::Frame::new(1, v1::Ping { time_ms: 5 }));
+    assert_eq!(frame, v1::Frame::new(1, v1::Ping { time_ms: 5, reply: false }));
 
     let frame = decode(r#"{"sendAck":{"status":"DEFERRED"}}"#, Encoding::Json).expect("decodes");
     let Some(v1::frame::Body::SendAck(ack)) = frame.body else {

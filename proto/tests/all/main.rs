@@ -56,6 +56,7 @@ fn samples() -> Vec<v1::Frame> {
                 session_id: "s-9f2".into(),
                 heartbeat_ms: 25_000,
                 server_time_ms: BIG,
+                client_timeout_ms: 90_000,
             },
         ),
         Frame::new(
@@ -114,7 +115,7 @@ fn samples() -> Vec<v1::Frame> {
         Frame::new(7, Unsubscribe { room: "room:lobby".into() }),
         Frame::new(6, Subscribed { room: "room:lobby".into(), latest_seq: BIG, messages: vec![message(BIG)] }),
         Frame::new(0, SyncHint { conversation: "grp:team-7".into(), latest_seq: BIG }),
-        Frame::new(8, Ping { time_ms: BIG }),
+        Frame::new(8, Ping { time_ms: BIG, reply: true }),
         Frame::new(8, Pong { time_ms: BIG }),
         Frame::new(
             0,

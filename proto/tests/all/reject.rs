@@ -36,7 +36,7 @@ fn size_limit_is_inclusive_and_checked_first() {
     let error = decode_frame(&b"123456789"[..], Encoding::Json, &limits).expect_err("too large");
     assert!(matches!(error, FrameError::TooLarge { size: 9, limit: 8 }), "{error:?}");
 
-    let ping = encode_proto(&v1::Frame::new(1, v1::Ping { time_ms: 1 }));
+    let ping = encode_proto(&v1::Frame::new(1, v1::Ping { time_ms: 1, reply: false }));
     let limits = DecodeLimits { max_frame_bytes: ping.len(), ..DecodeLimits::default() };
     assert!(decode_frame(ping, Encoding::Proto, &limits).is_ok());
 }

@@ -71,7 +71,7 @@ fn protobuf_bytes_fields_share_the_input_buffer() {
 
 #[test]
 fn frame_new_accepts_a_body_or_a_message() {
-    let ping = v1::Ping { time_ms: 5 };
+    let ping = v1::Ping { time_ms: 5, reply: false };
     assert_eq!(v1::Frame::new(3, ping), v1::Frame::new(3, v1::frame::Body::Ping(ping)));
     assert_eq!(v1::frame::Body::from(ping).name(), "ping");
 }

@@ -315,8 +315,10 @@ impl Publisher {
                 self.room.publisher_received.incr();
             }
             Some(Body::SyncHint(_)) => counters.sync_hints.incr(),
-            Some(Body::Ping(ping)) => self.write(&Frame::new(frame.rid, v1::Pong { time_ms: ping.time_ms })).await,
-            Some(Body::Pong(_)) => {}
+            Some(Body::Ping(ping)) if ping.reply => {
+                self.write(&Frame::new(frame.rid, v1::Pong { time_ms: ping.time_ms })).await
+            }
+            Some(Body::Ping(_) | Body::Pong(_)) => {}
             Some(Body::GoAway(_)) => {
                 counters.go_aways.incr();
                 let user = &self.plan.user;

@@ -119,7 +119,7 @@ impl Subscriber {
                     None => counters.corrupt.incr(),
                 }
             }
-            Some(Body::Ping(ping)) => {
+            Some(Body::Ping(ping)) if ping.reply => {
                 if self.alive {
                     match self.connection.feed(&Frame::new(frame.rid, v1::Pong { time_ms: ping.time_ms })).await {
                         Ok(()) => self.dirty = true,
@@ -140,6 +140,7 @@ impl Subscriber {
                 self.shared
                     .note_error(|| format!("server error for rid {}: {}: {}", error.rid, error.code, error.message));
             }
+            Some(Body::Ping(_)) => {}
             _ => counters.unexpected.incr(),
         }
     }

@@ -4,8 +4,8 @@
 //! Frames that arrive while the test waits for something else are kept (in arrival order)
 //! and offered to the next wait, so a test can ask for "the send_ack of X" and then "the
 //! deliver of Y" without caring how the server interleaved them. Server `ping` frames are
-//! answered with a `pong` as PROTOCOL.md asks (unless `answer_pings` is off) and counted,
-//! not kept. A wait that fails panics with what it wanted, what did arrive instead, and the
+//! counted, not kept, and those that ask (`reply`) are answered with a `pong` as
+//! PROTOCOL.md says (unless `answer_pings` is off). A wait that fails panics with what it wanted, what did arrive instead, and the
 //! tail of the server's log.
 
 use std::collections::VecDeque;
@@ -71,7 +71,7 @@ pub struct Client {
     pub server_pings: Vec<Frame>,
     /// WebSocket-level ping control frames received (tungstenite answers those itself).
     pub ws_pings: usize,
-    /// Answer server `ping` frames with `pong` (on by default, as PROTOCOL.md asks).
+    /// Answer the server `ping` frames that ask with `pong` (on by default, as PROTOCOL.md asks).
     pub answer_pings: bool,
     closed: Option<Closed>,
     /// The `connected` reply, once logged in.
@@ -274,7 +274,7 @@ impl Client {
             let frame =
                 frame.unwrap_or_else(|error| panic!("{}: the server sent an undecodable frame: {error}", self.label));
             if let Some(Body::Ping(ping)) = &frame.body {
-                if self.answer_pings {
+                if self.answer_pings && ping.reply {
                     let rid = frame.rid;
                     self.send_framed(Frame::new(rid, v1::Pong { time_ms: ping.time_ms })).await;
                 }
@@ -565,7 +565,7 @@ impl Client {
     /// A `ping` with a unique time; waits for the matching `pong` (which must echo the rid).
     pub async fn ping(&mut self) -> v1::Pong {
         let time_ms = now_ms() + u64::from(self.next_rid);
-        let rid = self.send_frame(v1::Ping { time_ms }).await;
+        let rid = self.send_frame(v1::Ping { time_ms, reply: false }).await;
         let pong = self
             .wait_for("pong", WAIT, |frame| match &frame.body {
                 Some(Body::Pong(pong)) if pong.time_ms == time_ms => Some((frame.rid, *pong)),

@@ -159,7 +159,7 @@ async fn a_connection_flooding_frames_is_closed_with_4029() {
     }
     let mut flood = Client::connect(&herald, "mallory", "phone").await;
     for n in 0..400 {
-        flood.send_frame(v1::Ping { time_ms: n + 1 }).await;
+        flood.send_frame(v1::Ping { time_ms: n + 1, reply: false }).await;
     }
     let closed = flood.expect_close_code(4029, "400 pings at once against a rate of 20/s").await;
     assert!(closed.reason.contains("frames per second"), "{closed:?}");
