@@ -176,6 +176,9 @@ impl Connection {
     }
 
     /// Queues `frame`, waiting for room (used by backfill, which paces itself to the client).
+    /// It fills the queue only halfway: the other half is for the live traffic and the
+    /// replies to the client's requests, which do not wait, so a client that asks something
+    /// while a long backfill is queued is answered, not closed as a slow consumer.
     /// Returns false, without queueing, once the connection is closing.
     pub async fn push_waiting(&self, frame: Frame) -> bool {
         let mut frame = Some(Box::new(frame));
@@ -188,7 +191,7 @@ impl Connection {
                 if state.writer_done || self.is_closed() {
                     return false;
                 }
-                if state.queue.len() < self.capacity {
+                if state.queue.len() < self.waiting_room() {
                     let frame = frame.take().expect("queued once");
                     state.queue.push_back(Outgoing::Own(frame));
                     drop(state);
@@ -199,6 +202,11 @@ impl Connection {
             }
             changed.await;
         }
+    }
+
+    /// How many frames [`Connection::push_waiting`] fills the queue to.
+    fn waiting_room(&self) -> usize {
+        (self.capacity / 2).max(1)
     }
 
     /// The next frame for the writer, if one is queued. An emptied queue that had grown
@@ -440,6 +448,26 @@ mod tests {
         tokio::task::yield_now().await;
         connection.close(CloseReason::normal());
         assert!(!waiting.await.expect("no panic"), "a closing connection takes nothing more");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_push_leaves_half_the_queue_for_replies() {
+        let connection = Arc::new(Connection::new(ConnectionId(1), 8));
+        for _ in 0..4 {
+            assert!(connection.push_waiting(frame()).await, "room for half the queue at once");
+        }
+        let waiting = tokio::spawn({
+            let connection = Arc::clone(&connection);
+            async move { connection.push_waiting(frame()).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "a backfill waits once the queue is half full");
+        for _ in 0..4 {
+            assert!(connection.push(frame()), "a reply still fits");
+        }
+        assert!(!connection.is_closed(), "replies beside a waiting backfill close nothing");
+        while connection.pop().is_some() {}
+        assert!(waiting.await.expect("no panic"), "the backfill goes on once the writer drained");
     }
 
     #[tokio::test]
