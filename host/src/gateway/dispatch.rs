@@ -71,15 +71,9 @@ pub(super) async fn next_frame(
             None => return Err(None),
             Some(Ok(message)) => message,
             Some(Err(error)) => {
-                let text = error.to_string();
-                return Err(if text.contains("too long") || text.contains("too big") || text.contains("Space limit") {
-                    Some(CloseReason::new(
-                        close::TOO_BIG,
-                        format!("frame larger than {} bytes", limits.max_frame_bytes),
-                    ))
-                } else {
-                    None
-                });
+                return Err(over_capacity(error).then(|| {
+                    CloseReason::new(close::TOO_BIG, format!("frame larger than {} bytes", limits.max_frame_bytes))
+                }));
             }
         };
         let (bytes, encoding) = match message {
@@ -91,6 +85,15 @@ pub(super) async fn next_frame(
         return decode_frame(bytes, encoding, limits)
             .map_err(|error| Some(CloseReason::new(error.close_code(), error.to_string())));
     }
+}
+
+/// Whether a read failed because a message or frame was over the configured size (as
+/// opposed to the peer going away).
+fn over_capacity(error: axum::Error) -> bool {
+    error
+        .into_inner()
+        .downcast::<tungstenite::Error>()
+        .is_ok_and(|error| matches!(*error, tungstenite::Error::Capacity(_)))
 }
 
 fn error_frame(rid: u32, code: &str, message: String) -> Frame {
