@@ -27,7 +27,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run a Herald node (embedded mode unless the config names a MySQL/PostgreSQL database).
+    /// Run a Herald node: cluster mode when `cluster.redis_url` is set (with a MySQL/MariaDB
+    /// or PostgreSQL database every node shares), embedded mode (SQLite) otherwise.
     Serve(ServeArgs),
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate(CommonArgs),

@@ -1,8 +1,8 @@
 //! Plugin key/value storage: the [`PluginKv`] seam and its in-memory implementation.
 //!
 //! Every key lives in a *scope* (the plugin's name), so plugins never see each other's
-//! keys. Embedded mode uses [`MemoryKv`]; cluster mode will put Redis behind the same trait
-//! so limits and "only once" marks hold across nodes. Sizes are capped so a plugin cannot
+//! keys. Embedded mode uses [`MemoryKv`]; cluster mode puts Redis behind the same trait (the
+//! host's `cluster/plugin_state.rs`) so limits and "only once" marks hold across nodes. Sizes are capped so a plugin cannot
 //! exhaust the host's memory through its KV.
 
 use crate::clock::Clock;
