@@ -52,6 +52,11 @@ say "workspace tests"
 [ "${1:-}" = "--" ] && shift
 cargo test --workspace --locked "$@"
 
+# The TypeScript client library against the debug Herald the tests just built: its unit
+# tests and the conformance scenarios of clients/SPEC.md, each on a Herald of its own.
+say "TypeScript client (clients/typescript): npm ci, build, tests, npm pack"
+HERALD_BIN=target/debug/herald clients/typescript/run-tests.sh
+
 # The soak's short version (docs/OPERATIONS.md, "Soak test"), on the debug binaries the tests
 # just built: 2 minutes of mixed traffic with churn, storms and hot reloads; it fails when
 # connection state or idle state is not forgotten once the clients leave, or on gross growth.
