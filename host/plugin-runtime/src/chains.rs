@@ -12,9 +12,10 @@
 //! | deliver-filter | a recipient any plugin drops is dropped |
 
 use crate::{
+    call::{Failure, Input, Output},
     config::{FailurePolicy, Hook},
     host::PluginHost,
-    plugin::{Failure, Input, Output, Plugin},
+    plugin::Plugin,
     types::{
         Acceptance, AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Delivery, Health, Message,
         MessageDecision, Rejection, RouteRequest, Tier,

@@ -1,10 +1,11 @@
 //! Helpers behind `herald plugin check FILE.wasm` and `herald plugin new NAME`.
 
 use crate::{
+    call::{Input, Output},
     config::{Hook, PluginHostConfig},
     error::PluginError,
     host::PluginHost,
-    plugin::{Input, Output, Plugin, Source},
+    plugin::{Plugin, Source},
     types::{Announcement, CommandKind, ConnectRequest, Delivery, Health, Message, RouteRequest},
 };
 use serde::Serialize;

@@ -24,6 +24,8 @@
 #![warn(missing_docs)]
 
 mod bundled_sdk;
+mod call;
+mod canary;
 mod chains;
 mod check;
 mod clock;
@@ -45,6 +47,7 @@ mod stats;
 mod status;
 mod watch;
 
+pub use canary::{CanaryState, CanaryStatus, PromoteError};
 pub use check::{CheckReport, SampleRun, ScaffoldError, SdkDependency, check, scaffold};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
@@ -60,7 +63,7 @@ pub use recording::{
     CallInput, CallOutput, Header as RecordingHeader, Record, RecordingError, RecordingOptions, RecordingStatus,
 };
 pub use replay::{Difference, ReplayReport, replay};
-pub use shadow::{CanaryState, CanaryStatus, PromoteError, ShadowDifferences, ShadowExample, ShadowStatus};
+pub use shadow::{ShadowDifferences, ShadowExample, ShadowStatus};
 pub use state::LimitHit;
 pub use status::{PluginState, PluginStatus};
 pub use watch::PluginWatcher;

@@ -26,8 +26,8 @@
 //! (a recording is of one version: the header names it).
 
 use crate::{
+    call::{Input, Output},
     config::Hook,
-    plugin::{Input, Output},
     types::{
         AnnounceDecision, Announcement, ConnectDecision, ConnectRequest, Delivery, Health, Message, MessageDecision,
         RouteRequest, Tier,

@@ -17,10 +17,14 @@
 //!   p99 are checked every few hundred milliseconds; past a bound, the previous version
 //!   serves again (its files back as `NAME.*`, the rejected ones kept as `NAME.rejected.*`),
 //!   and the log and `/admin/plugins` say why.
+//!
+//! This file holds the shadow; the host's `promote.rs` moves the files and runs the watch,
+//! and `canary.rs` holds the bounds it judges by and the status it keeps.
 
 use crate::{
-    config::{CanaryPolicy, Hook, ShadowPolicy},
-    plugin::{Failure, Input, Output, Plugin},
+    call::{Failure, Input, Output},
+    config::{Hook, ShadowPolicy},
+    plugin::Plugin,
     recording::{CallInput, CallOutput},
 };
 use parking_lot::Mutex;
@@ -32,13 +36,6 @@ use std::{
         atomic::{AtomicU64, Ordering::Relaxed},
     },
 };
-
-/// The suffix of a shadow's file stem: `NAME.shadow.wasm`.
-pub(crate) const SHADOW: &str = ".shadow";
-/// The suffix of a version kept for rollback: `NAME.previous.wasm` (never loaded).
-pub(crate) const PREVIOUS: &str = ".previous";
-/// The suffix of a version rolled back: `NAME.rejected.wasm` (never loaded).
-pub(crate) const REJECTED: &str = ".rejected";
 
 /// An answer in a few words: the kind of decision, for grouping differences.
 fn kind(output: &CallOutput) -> String {
@@ -278,89 +275,4 @@ impl Shadow {
             last_load_error: self.plugin.last_load_error.lock().clone(),
         }
     }
-}
-
-/// Where a canary stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CanaryState {
-    /// Within its window: watched.
-    Watching,
-    /// Its window passed within bounds: it stays.
-    Passed,
-    /// It passed a bound: the previous version serves again.
-    RolledBack,
-}
-
-/// A promotion and how it went, as `/admin/plugins` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CanaryStatus {
-    /// Where it stands.
-    pub state: CanaryState,
-    /// The version promoted.
-    pub promoted_version: String,
-    /// The version it replaced.
-    pub previous_version: String,
-    /// When it was promoted, ms since the Unix epoch.
-    pub promoted_ms: u64,
-    /// The watch window, ms.
-    pub window_ms: u64,
-    /// Why it was rolled back.
-    pub why: Option<String>,
-}
-
-/// Why a promotion did not happen.
-#[derive(Debug, thiserror::Error)]
-pub enum PromoteError {
-    /// The plugin has no shadow loaded.
-    #[error("plugin `{0}` has no shadow to promote (install NAME.shadow.wasm beside NAME.wasm first)")]
-    NoShadow(String),
-    /// The plugins folder is unknown (no `load_dir`).
-    #[error("the plugin runtime has no plugins folder")]
-    NoDirectory,
-    /// Moving the files failed.
-    #[error("moving {file}: {source}")]
-    Io {
-        /// The file.
-        file: std::path::PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// The promoted version failed to load as the active one.
-    #[error(transparent)]
-    Load(#[from] crate::PluginError),
-}
-
-/// Judges a promoted version against the canary bounds: `Some(why)` when it must go.
-pub(crate) fn judge(policy: &CanaryPolicy, promoted: &Plugin, previous: &Plugin) -> Option<String> {
-    if promoted.stats.is_quarantined() {
-        return Some(format!(
-            "it was quarantined after repeated failures; last failure: {}",
-            promoted.stats.last_error.lock().clone().unwrap_or_default()
-        ));
-    }
-    let calls = promoted.stats.calls();
-    if calls < policy.min_calls.max(1) {
-        return None;
-    }
-    let failures = promoted.stats.failures.load(Relaxed);
-    let ratio = failures as f64 / calls as f64;
-    if ratio > policy.max_failure_ratio {
-        return Some(format!(
-            "{failures} of its {calls} calls failed ({:.1} %, above canary.max_failure_ratio {:.1} %); last failure: {}",
-            ratio * 100.0,
-            policy.max_failure_ratio * 100.0,
-            promoted.stats.last_error.lock().clone().unwrap_or_default()
-        ));
-    }
-    let p99 = promoted.stats.quantile(0.99).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    let before = previous.stats.quantile(0.99).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    let bound = ((before as f64 * policy.p99_factor) as u64).max(policy.min_p99_us);
-    (p99 > bound).then(|| {
-        format!(
-            "its call p99 is {p99} µs, above {bound} µs (canary.p99_factor {} × the previous version's {before} µs, \
-             at least canary.min_p99_us)",
-            policy.p99_factor
-        )
-    })
 }

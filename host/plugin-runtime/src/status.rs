@@ -61,5 +61,5 @@ pub struct PluginStatus {
     /// Its shadow (`NAME.shadow.wasm`), if one is installed: how its decisions compare.
     pub shadow: Option<crate::shadow::ShadowStatus>,
     /// How its promotion from shadow went (or, after a rollback, why it serves again).
-    pub canary: Option<crate::shadow::CanaryStatus>,
+    pub canary: Option<crate::canary::CanaryStatus>,
 }
