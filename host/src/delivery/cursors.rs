@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use crate::maps::HashMap;
 use crate::model::{ConversationId, DeviceId, UserId};
 use crate::store::CursorStore;
-use crate::store::cursors::CursorUpdate;
+use crate::store::CursorUpdate;
 
 type Key = (UserId, DeviceId, ConversationId);
 

@@ -42,7 +42,7 @@ use crate::plugins::types::{Message as HookMessage, MessageDecision};
 use crate::plugins::{Hook, PluginHost};
 use crate::routing::bus::{BusError, NodeBus, Queued, SendAck, SendRequest};
 use crate::routing::router::{Router, SendOwner};
-use crate::store::group_commit::Ticket;
+use crate::store::Ticket;
 use crate::store::{ConversationStore, Inserted, LeaseError, MessageStore, MessageWriter, OwnerClaim, StoreError};
 use crate::telemetry::registered;
 

@@ -7,18 +7,11 @@
 use async_trait::async_trait;
 use sqlx::QueryBuilder;
 
-use super::{CursorStore, Database, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned};
+use super::{
+    CursorStore, CursorUpdate, Database, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned,
+};
 use crate::maps::HashMap;
 use crate::model::{ConversationId, DeviceId, UserId};
-
-/// "This device has every message of the conversation up to `seq`."
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CursorUpdate {
-    pub user: UserId,
-    pub device: DeviceId,
-    pub conversation: ConversationId,
-    pub seq: u64,
-}
 
 #[async_trait]
 impl CursorStore for Database {

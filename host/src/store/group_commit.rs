@@ -25,27 +25,14 @@ use async_trait::async_trait;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::task::AbortHandle;
 
+use super::batch::Submission;
 use super::latency::LatencyWindow;
-use super::messages::{Committed, Submission};
+use super::messages::Committed;
 use super::seq_lease::Fence;
-use super::{Backend, Database, Inserted, MessageWriter, StoreError};
+use super::{Backend, Database, Inserted, MessageWriter, StoreError, Ticket};
 use crate::breaker::Breaker;
 use crate::config::GroupCommitConfig;
 use crate::model::Message;
-
-/// A submitted insert: wait on it to learn the outcome once its batch is committed.
-pub struct Ticket(oneshot::Receiver<Result<Inserted, StoreError>>);
-
-impl Ticket {
-    /// The outcome of the insert, once durable (or failed).
-    ///
-    /// # Errors
-    /// [`StoreError::Closed`] when the writers stopped before answering; otherwise what the
-    /// database said about this row (see [`Database::insert_submissions`]).
-    pub async fn wait(self) -> Result<Inserted, StoreError> {
-        self.0.await.map_err(|_| StoreError::Closed)?
-    }
-}
 
 /// One insert waiting for its batch.
 struct Pending {

@@ -16,38 +16,14 @@
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, QueryBuilder, Row, Type};
 
+use super::batch::{Submission, Written};
 use super::id_marks::{RAISE_ID_MARKS, marks_of};
 use super::seq_lease::{Fence, fence_of};
-use super::{Database, MessageStore, Pool, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned};
+use super::{
+    Database, Inserted, MessageStore, Pool, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned,
+};
 use crate::maps::{HashMap, HashSet};
 use crate::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
-
-/// A message to store, with the fence of the lease its seq came from.
-#[derive(Debug, Clone)]
-pub struct Submission {
-    /// The message, ids and seq set.
-    pub message: Message,
-    /// `Some`: store it only while its conversation's owner is still this fence's (server
-    /// backends; SQLite does not check). `None`: store it unchecked.
-    pub fence: Option<Fence>,
-}
-
-impl From<Message> for Submission {
-    /// An unfenced message.
-    fn from(message: Message) -> Self {
-        Self { message, fence: None }
-    }
-}
-
-/// What an insert did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Inserted {
-    /// Stored now, durably, with the ids it was given.
-    New { id: u64, seq: u64 },
-    /// The (sender, client_msg_id) pair was stored before: nothing was written, and these
-    /// are the original message's ids.
-    Duplicate { id: u64, seq: u64, conversation: ConversationId },
-}
 
 /// Reads a [`Message`] from a row of any backend.
 ///
@@ -76,16 +52,6 @@ where
         body: body.into(),
         sent_at_ms: unsigned(row.try_get("sent_at_ms")?, "sent_at_ms")?,
     })
-}
-
-/// What a batch's write did, before duplicates are looked up.
-pub(super) struct Written {
-    /// Ids of the rows stored by it.
-    pub inserted: HashSet<i64>,
-    /// Rows refused by the fence check, by their place in the batch, with the owner found.
-    pub fenced: HashMap<usize, Option<Fence>>,
-    /// SQLite: the commit's number, to make durable.
-    pub sync: Option<u64>,
 }
 
 /// Outcomes of a batch insert that is committed but, on SQLite, perhaps not durable yet:

@@ -11,6 +11,7 @@
 //! Nothing here knows about WebSockets, the wire protocol or the pipeline: the store depends
 //! only on [`crate::model`] and [`crate::config`].
 
+mod batch;
 pub mod conversations;
 pub mod cursors;
 pub mod group_commit;
@@ -40,11 +41,10 @@ use crate::config::{self, StorageConfig};
 use crate::model::{ConversationId, InvalidId};
 use wal_sync::WalSync;
 
-pub use cursors::CursorUpdate;
-pub use group_commit::{BatchTotals, GroupCommitter, Ticket};
+pub use batch::Submission;
+pub use group_commit::{BatchTotals, GroupCommitter};
 pub use id_marks::IdMarks;
 pub use latency::LatencyWindow;
-pub use messages::{Inserted, Submission};
 pub use repos::*;
 pub use seq_lease::{Fence, Lease, LeaseError, LeaseSql, OwnerClaim, SeqLeases, SeqRange};
 

@@ -9,8 +9,8 @@
 
 use sqlx::PgPool;
 
+use super::batch::{Submission, Written};
 use super::id_marks::marks_of;
-use super::messages::{Submission, Written};
 use super::seq_lease::fence_of;
 use super::{LeaseSql, Sql, StoreError, signed};
 use crate::maps::{HashMap, HashSet};

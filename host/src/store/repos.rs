@@ -4,13 +4,14 @@
 //! [`Database`](super::Database) implements every trait here except [`MessageWriter`]:
 //! messages are written through the [`GroupCommitter`](super::GroupCommitter), which batches
 //! concurrent inserts into shared commits. Seq leases are [`SeqLeases`](super::SeqLeases),
-//! beside their implementation.
+//! beside their implementation. The types the traits speak in are here too, so the
+//! implementations depend on this file and never the other way round.
 
 use async_trait::async_trait;
 
+use tokio::sync::oneshot;
+
 use super::StoreError;
-use super::cursors::CursorUpdate;
-use super::group_commit::Ticket;
 use super::seq_lease::Fence;
 use crate::model::{ClientMsgId, ConversationId, DeviceId, GroupId, Message, UserId};
 
@@ -158,4 +159,37 @@ pub trait ConversationStore: Send + Sync + 'static {
 pub trait StoreProbe: Send + Sync + 'static {
     /// Whether a trivial query succeeds.
     async fn ping(&self) -> bool;
+}
+
+/// What an insert did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inserted {
+    /// Stored now, durably, with the ids it was given.
+    New { id: u64, seq: u64 },
+    /// The (sender, client_msg_id) pair was stored before: nothing was written, and these
+    /// are the original message's ids.
+    Duplicate { id: u64, seq: u64, conversation: ConversationId },
+}
+
+/// A submitted insert: wait on it to learn the outcome once its batch is committed.
+pub struct Ticket(pub(super) oneshot::Receiver<Result<Inserted, StoreError>>);
+
+impl Ticket {
+    /// The outcome of the insert, once durable (or failed).
+    ///
+    /// # Errors
+    /// [`StoreError::Closed`] when the writers stopped before answering; otherwise what the
+    /// database said about this row (see [`Database::insert_submissions`](super::Database::insert_submissions)).
+    pub async fn wait(self) -> Result<Inserted, StoreError> {
+        self.0.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+/// "This device has every message of the conversation up to `seq`."
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CursorUpdate {
+    pub user: UserId,
+    pub device: DeviceId,
+    pub conversation: ConversationId,
+    pub seq: u64,
 }
