@@ -83,8 +83,14 @@ pub mod __private {
         {
             static HOOK: std::sync::Once = std::sync::Once::new();
             HOOK.call_once(|| {
+                // Straight to the host's `log` import (what `log::error` calls), so this
+                // module, which the capabilities are built on, does not depend on them.
                 std::panic::set_hook(Box::new(|info| {
-                    crate::log::error(&format!("plugin panicked: {info}"), &[]);
+                    bindings::herald::plugin::host::log(
+                        bindings::herald::plugin::types::LogLevel::Error,
+                        &format!("plugin panicked: {info}"),
+                        &[],
+                    );
                 }));
             });
         }
