@@ -28,6 +28,7 @@ pub mod pairing;
 mod payload;
 mod progress;
 pub mod relay_process;
+pub mod report;
 pub mod report_dir;
 pub mod room;
 pub mod stats;
@@ -50,8 +51,9 @@ use tokio::{
 
 pub use pairing::{Pairing, PairingError, endpoint_of};
 pub use payload::{MIN_BODY_BYTES, Payload, SeenCounters};
-pub use room::{RoomFigures, RoomLoad};
-pub use stats::{LatencySummary, Report, Verification};
+pub use report::{Report, RoomFigures, Verification};
+pub use room::RoomLoad;
+pub use stats::LatencySummary;
 pub use timeline::{Second, Timeline};
 
 use crate::ids::{dm_conversation, is_valid_name};

@@ -33,7 +33,6 @@ use std::{
 };
 
 use herald_proto::Encoding;
-use serde_json::{Value, json};
 use tokio::{
     sync::{Semaphore, watch},
     time::Instant,
@@ -41,7 +40,8 @@ use tokio::{
 
 use super::{
     LoadConfig, LoadError, Phase, Shared, endpoint_of, micros, progress,
-    stats::{CountSnapshot, Counter, Counters, LatencyRecorder, LatencySummary, Report},
+    report::{Report, RoomFigures},
+    stats::{CountSnapshot, Counter, Counters, LatencyRecorder, LatencySummary},
     timeline::TimelineRecorder,
 };
 use herald_proto::v1::{self, Frame, frame::Body};
@@ -151,50 +151,6 @@ pub fn publisher_index(prefix: &str, sender: &str) -> Option<usize> {
         return None;
     }
     digits.parse().ok()
-}
-
-/// What only a room run measures, beside the pair mode's figures in [`Report`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RoomFigures {
-    /// Rooms.
-    pub rooms: u64,
-    /// Subscriber connections asked for.
-    pub subscribers: u64,
-    /// Subscribers that connected and subscribed.
-    pub subscribers_connected: u64,
-    /// Publisher connections asked for.
-    pub publishers: u64,
-    /// Publishers that connected and subscribed.
-    pub publishers_connected: u64,
-    /// Deliveries expected: each accepted message × its room's connected subscribers.
-    pub expected: u64,
-    /// Distinct deliveries to subscribers.
-    pub received: u64,
-    /// Expected deliveries that never arrived, counted after the drain.
-    pub missing: u64,
-    /// Messages publishers got from other publishers of their room (not counted as
-    /// deliveries).
-    pub publisher_received: u64,
-    /// Messages whose in-flight credit was freed by the timeout, not by a full delivery.
-    pub expired: u64,
-}
-
-impl RoomFigures {
-    /// The figures as one JSON object.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "rooms": self.rooms,
-            "subscribers": self.subscribers,
-            "subscribers_connected": self.subscribers_connected,
-            "publishers": self.publishers,
-            "publishers_connected": self.publishers_connected,
-            "expected_deliveries": self.expected,
-            "received_deliveries": self.received,
-            "missing_deliveries": self.missing,
-            "publisher_received": self.publisher_received,
-            "expired": self.expired,
-        })
-    }
 }
 
 /// Room-only state shared by every connection task of a run.
