@@ -112,6 +112,11 @@ struct ServeArgs {
     /// herald_heap_live_bytes (for benchmarks: it costs a few nanoseconds per allocation).
     #[arg(long)]
     count_allocations: bool,
+    /// Once the node accepts connections, write the address it listens on (`IP:PORT` and a
+    /// newline) to FILE, replacing it whole: with `--listen 127.0.0.1:0`, the port the
+    /// system picked, for whatever starts the node to read.
+    #[arg(long, value_name = "FILE")]
+    listen_file: Option<PathBuf>,
 }
 
 impl CommonArgs {
@@ -168,6 +173,12 @@ async fn serve(args: &ServeArgs, config: &Config) -> anyhow::Result<()> {
         herald_alloc::start_counting();
     }
     let running = server::start(config).await?;
+    if let Some(file) = &args.listen_file
+        && let Err(error) = write_listen_file(file.clone(), running.addr).await
+    {
+        running.shutdown().await;
+        anyhow::bail!("cannot write the address it listens on to {}: {error}", file.display());
+    }
     let lost = tokio::select! {
         () = shutdown_signal() => false,
         () = running.must_stop() => true,
@@ -182,6 +193,19 @@ async fn serve(args: &ServeArgs, config: &Config) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Writes `addr` to `file` through a temporary file beside it, renamed over it: a reader
+/// never finds it half written.
+async fn write_listen_file(file: PathBuf, addr: SocketAddr) -> std::io::Result<()> {
+    tokio::task::spawn_blocking(move || {
+        let name = file.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+        let partial = file.with_file_name(format!(".{name}.partial"));
+        std::fs::write(&partial, format!("{addr}\n"))?;
+        std::fs::rename(&partial, &file)
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 /// `herald plugin …`.
