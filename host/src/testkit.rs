@@ -15,6 +15,9 @@
 //! [`ReadLog`], which passes message reads through to the database and notes which
 //! conversations were read.
 
+#[path = "../tests/poll/mod.rs"]
+pub mod poll;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -13,6 +13,7 @@ use crate::model::{ConnectionId, DeviceId, GroupId, NodeId, UserId};
 use crate::routing::bus::Addressed;
 use crate::routing::rooms::RoomDirectory as _;
 use crate::routing::{MemoryRouteTable, Route, RouteError, RouteTable};
+use crate::testkit::poll;
 use crate::testkit::{
     BusCall, Fault, Kit, Options, RecordingBus, RecordingOutbox, THIS_NODE, conversation_id, device_id, message,
     user_id,
@@ -351,20 +352,14 @@ async fn a_delivery_sent_to_every_node_takes_no_user_for_a_stale_route() {
 
 /// Waits until `user`'s devices in the route table are exactly `devices`.
 async fn wait_for_devices(kit: &Kit, user: &str, devices: &[&str]) {
-    let found = || async {
+    poll::until("the stale route to be removed", async || {
         let found = kit.routes.devices_of(&[user_id(user)]).await.expect("lookup");
         let mut names: Vec<String> =
             found.get(&user_id(user)).into_iter().flatten().map(|route| route.device.to_string()).collect();
         names.sort();
-        names
-    };
-    for _ in 0..500 {
-        if found().await == devices {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("the stale route was never removed: {:?}", found().await);
+        if names == devices { Ok(()) } else { Err(format!("{names:?}")) }
+    })
+    .await;
 }
 
 /// A fan-out that read the route table just before a device reconnected finds its old
@@ -399,15 +394,9 @@ async fn a_route_read_before_the_device_reconnected_still_reaches_its_new_sessio
     assert!(old_phone.frames().is_empty(), "the old connection is closed");
 }
 
-/// Polls `done` every 10 ms for up to 10 s; panics naming `what` if it never holds.
+/// Polls `done` until it holds; panics naming `what` if it never does.
 async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..1_000 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("waited 10 s for {what}");
+    poll::until(what, async || done()).await;
 }
 
 /// A kit whose bus records what other nodes are asked, `peers` being the other members,

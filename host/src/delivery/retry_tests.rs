@@ -8,6 +8,7 @@ use std::time::Duration;
 use herald_proto::v1::frame::Body;
 
 use crate::config::DeliveryConfig;
+use crate::testkit::poll::poll;
 use crate::testkit::{Kit, Options, RecordingOutbox, WAIT, conversation_id, message};
 
 /// Delivery with an ack timeout of `ack_timeout_ms` (no jitter, no growth) and three pushes.
@@ -35,13 +36,10 @@ fn attempts(outbox: &RecordingOutbox) -> Vec<u32> {
         .collect()
 }
 
-/// Waits until `done` holds, polling; panics after [`WAIT`].
+/// Waits until `done` holds, looking every 2 ms (the retry timers here are tens of ms);
+/// panics after [`WAIT`].
 async fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    poll().within(WAIT).every(Duration::from_millis(2)).until(what, async || done()).await;
 }
 
 #[tokio::test]

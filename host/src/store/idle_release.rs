@@ -89,6 +89,7 @@ impl QuietSpell {
 mod tests {
     use super::*;
     use crate::config::StorageConfig;
+    use crate::testkit::poll;
 
     #[test]
     fn a_quiet_spell_releases_once_and_only_after_commits() {
@@ -121,14 +122,12 @@ mod tests {
         // in a task of its own).
         let opened: Vec<_> = futures_util::future::join_all((0..3).map(|_| reader.acquire())).await;
         drop(opened);
-        let all_idle = || async {
-            for _ in 0..500 {
-                if reader.num_idle() == 3 {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            panic!("{} of 3 reader connections idle", reader.num_idle());
+        let all_idle = async || {
+            poll::until("every reader connection idle", async || match reader.num_idle() {
+                3 => Ok(()),
+                idle => Err(format!("{idle} of 3")),
+            })
+            .await
         };
         all_idle().await;
         assert_eq!(shrink_caches(reader, writer).await.expect("shrunk"), 4, "the writer and three readers");

@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tokio::net::TcpListener;
 
 use crate::redis_scratch::{Scratch, connect, partitionable_proxy};
+use crate::support::poll::poll;
 
 /// Deadlines for the tests that are not about deadlines: generous, as the machine is shared
 /// by many tests at once.
@@ -90,14 +91,11 @@ fn places(found: &HashMap<UserId, Vec<Route>>, name: &str) -> Vec<(String, u32, 
 /// Looks `user` up until a lookup answers (within [`WAIT`]): after Redis was cut off, its
 /// held replies drain first, and a breaker waits out its open period.
 async fn once_lookups_work_again(table: &RedisRouteTable, user: &UserId) -> HashMap<UserId, Vec<Route>> {
-    let thawed = Instant::now();
-    loop {
-        match table.devices_of(std::slice::from_ref(user)).await {
-            Ok(found) => return found,
-            Err(error) => assert!(thawed.elapsed() < WAIT, "lookups never worked again: {error}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll()
+        .within(WAIT)
+        .every(Duration::from_millis(50))
+        .until("lookups to work again", async || table.devices_of(std::slice::from_ref(user)).await)
+        .await
 }
 
 #[tokio::test]
@@ -300,13 +298,11 @@ async fn dedup_marks_expire_after_their_ttl() {
             dedup.complete(&ann, &id, outcome(5)).await;
             assert!(matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Stored(_)));
         }
-        loop {
-            if matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Fresh) {
-                break;
-            }
-            assert!(taken.elapsed() < WAIT, "the mark never expired");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        poll()
+            .within(WAIT)
+            .every(Duration::from_millis(20))
+            .until("the mark to expire", async || matches!(dedup.try_mark(&ann, &id, &dm()).await, Mark::Fresh))
+            .await;
         assert!(taken.elapsed() >= ttl - Duration::from_millis(20), "expired early: {:?}", taken.elapsed());
     }
 }

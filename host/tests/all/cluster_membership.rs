@@ -17,9 +17,8 @@ use herald_host::cluster::membership::{JoinError, MembershipSettings, RedisMembe
 use herald_host::model::NodeId;
 use herald_host::routing::topology::Topology;
 
-use tokio::time::Instant;
-
 use crate::redis_scratch::{Scratch, connect, partitionable_proxy};
+use crate::support::poll::poll;
 
 /// The longest anything that should happen promptly may take.
 const WAIT: Duration = Duration::from_secs(5);
@@ -61,11 +60,7 @@ async fn leave_all(nodes: &[&Arc<RedisMembership>]) {
 
 /// Polls `condition` until it holds, failing the test with `what` after [`WAIT`].
 async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < WAIT, "{what}: not within {WAIT:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    poll().within(WAIT).every(Duration::from_millis(5)).until(what, async || condition()).await;
 }
 
 /// The nodes on `node`'s ring.
@@ -174,12 +169,8 @@ async fn a_node_whose_heartbeats_stop_is_fenced_before_the_others_drop_it() {
     let fenced = b.fenced();
     b.pause_heartbeats();
     let gone = b.this_node().0;
-    let started = Instant::now();
     // Read a's ring first: once it lacks b, b must already have stopped acting for its lease.
-    while ring(&a).contains(&gone) {
-        assert!(started.elapsed() < WAIT, "the node whose heartbeats stopped was never dropped");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the node whose heartbeats stopped to be dropped", || !ring(&a).contains(&gone)).await;
     assert!(!b.holds_lease(), "the others dropped the node while it still held its lease");
     assert!(*fenced.borrow(), "the node was not told it is fenced before the others dropped it");
     assert!(a.holds_lease(), "a node that renews keeps its lease across many TTLs");
@@ -258,11 +249,7 @@ async fn a_node_cut_off_from_redis_fences_itself_and_keeps_its_last_view() {
     let both = ring(&b);
     let fenced = b.fenced();
     cut.store(true, Ordering::SeqCst);
-    let started = Instant::now();
-    while ring(&a).contains(&b.this_node().0) {
-        assert!(started.elapsed() < WAIT, "the cut-off node was never dropped");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the cut-off node to be dropped", || !ring(&a).contains(&b.this_node().0)).await;
     assert!(!b.holds_lease(), "the others dropped the cut-off node while it still held its lease");
     assert!(*fenced.borrow(), "the cut-off node did not fence itself first");
     assert_eq!(ring(&b), both, "a node that cannot reach Redis keeps its last view");

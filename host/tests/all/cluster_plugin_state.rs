@@ -17,6 +17,7 @@ use herald_plugin_runtime::{KvError, KvLimits, Limit, LimiterError, PluginKv, Ra
 use tokio::time::Instant;
 
 use crate::redis_scratch::{Scratch, connect, partitionable_proxy};
+use crate::support::poll::poll;
 
 /// Deadlines for the tests that are not about deadlines: generous, as the machine is shared
 /// by many tests at once.
@@ -149,10 +150,11 @@ async fn ttls_expire_and_free_set_if_absent() {
     let ttl = scratch.ttl_ms("kv:{p:room-rate-limit:id}");
     assert!((1..=150).contains(&ttl), "PX 150: {ttl}");
     let started = Instant::now();
-    while second.get(PLUGIN, "id").await.expect("get").is_some() {
-        assert!(started.elapsed() < WAIT, "the entry outlived its TTL");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll()
+        .within(WAIT)
+        .every(Duration::from_millis(20))
+        .until("the entry to expire", async || second.get(PLUGIN, "id").await.expect("get").is_none())
+        .await;
     assert!(started.elapsed() >= Duration::from_millis(100), "expired early: {:?}", started.elapsed());
     assert_eq!(second.set_if_absent(PLUGIN, "id", b"2".to_vec(), None).await, Ok(true), "expiry frees the id");
     // A zero TTL still stores (for at least a millisecond: Redis refuses PX 0).
@@ -276,11 +278,14 @@ async fn tokens_refill_over_time_and_idle_buckets_vanish() {
     let again = millis(first.check(PLUGIN, "k", 2.5, 2).await.expect("a check")).expect("only one had freed up");
     assert!((1..=400).contains(&again), "{again} ms");
     // Left alone, the bucket fills up and its key expires: nothing is kept for idle buckets.
-    let started = Instant::now();
-    while !scratch.keys_written().is_empty() {
-        assert!(started.elapsed() < WAIT, "an idle bucket outlived its refill");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll()
+        .within(WAIT)
+        .every(Duration::from_millis(50))
+        .until("the idle bucket to vanish", async || {
+            let keys = scratch.keys_written();
+            if keys.is_empty() { Ok(()) } else { Err(format!("{keys:?}")) }
+        })
+        .await;
     assert_eq!(first.check(PLUGIN, "k", 2.5, 2).await, Ok(Limit::Allowed));
     assert_eq!(second.check(PLUGIN, "k", 2.5, 2).await, Ok(Limit::Allowed), "a full burst again");
     // A burst of 0 counts as 1, as in MemoryLimiter.
@@ -348,13 +353,7 @@ async fn a_stalled_redis_fails_plugin_calls_within_their_deadline() {
     // there, so a plugin that saw a write fail cannot tell whether it happened (the module
     // doc says so).
     frozen.store(false, Ordering::SeqCst);
-    let thawed = Instant::now();
-    let value = loop {
-        match kv.get(PLUGIN, "k").await {
-            Ok(value) => break value,
-            Err(error) => assert!(thawed.elapsed() < WAIT, "still failing after the thaw: {error}"),
-        }
-    };
+    let value = poll().within(WAIT).until("the kv to answer after the thaw", async || kv.get(PLUGIN, "k").await).await;
     assert_eq!(value, None, "the late delete was applied");
 }
 

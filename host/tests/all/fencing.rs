@@ -21,6 +21,7 @@ use herald_host::store::{
 
 use crate::on_every_backend;
 use crate::support::TestDb;
+use crate::support::poll::poll;
 
 on_every_backend!(
     a_newer_epoch_takes_over_above_the_old_range_and_fences_the_old_owner,
@@ -230,8 +231,6 @@ async fn allocators_of_two_nodes_hand_a_conversation_over(backend: Backend) {
 
     let a1 = allocator_a.next(&conversation(), claim(A, 1)).await.expect("A's first seq");
     assert_eq!(submit(&committer_a, 1, a1.seq, a1.fence).await.expect("stored"), Inserted::New { id: 1, seq: a1.seq });
-    tokio::time::sleep(Duration::from_millis(50)).await; // A's prefetch lands
-
     let b1 = allocator_b.next(&conversation(), claim(B, 2)).await.expect("B takes over");
     assert_eq!(b1.fence, Fence { node: B, epoch: 2 });
     let a2 = allocator_a.next(&conversation(), claim(A, 1)).await.expect("A still holds segments");
@@ -276,13 +275,15 @@ async fn lock_waits(database: &Database) -> i64 {
 /// every 100 ms: MariaDB serves `innodb_trx` from a cache it refreshes only when it was not
 /// read for that long.
 async fn until_lock_waits(database: &Database, count: i64) {
-    for _ in 0..60 {
-        if lock_waits(database).await >= count {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(150)).await;
-    }
-    panic!("{count} transactions never waited for a lock");
+    let what = format!("{count} transactions to wait for a lock");
+    poll()
+        .within(Duration::from_secs(9))
+        .every(Duration::from_millis(150))
+        .until(&what, async || match lock_waits(database).await {
+            waiting if waiting >= count => Ok(()),
+            waiting => Err(format!("{waiting} waiting")),
+        })
+        .await;
 }
 
 /// A row of `messages` at (grp:fenced, 1), inserted by a transaction left open: an insert of
@@ -391,7 +392,11 @@ async fn nothing_of_a_stale_owner_lands_after_a_racing_takeover(backend: Backend
         })
         .collect();
 
-    tokio::time::sleep(Duration::from_millis(40)).await;
+    // B takes over once A's commits are under way: some stored, most still to come.
+    poll()
+        .every(Duration::from_millis(5))
+        .until("A's first commit", async || !stored_seqs(&node_b, CONVERSATION).await.is_empty())
+        .await;
     let b = node_b.lease(&conversation(), 10, claim(B, 2)).await.expect("B takes over");
     let stored_when_b_leased = stored_seqs(&node_b, CONVERSATION).await;
 

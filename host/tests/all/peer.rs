@@ -34,6 +34,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::support::poll::poll;
+
 /// The calling node.
 const CALLER: NodeId = NodeId(1);
 /// The called node.
@@ -634,14 +636,13 @@ async fn a_peer_that_keeps_timing_out_opens_its_breaker_then_calls_fail_at_once_
     // The peer answers again: the first call after the open period goes through (over a
     // fresh link) and closes the breaker.
     pair.recorder.sends.send_replace(true);
-    let thawed = Instant::now();
-    let ack = loop {
-        match pair.bus.forward_send(CALLED, send_request(5, 0), queued()).await {
-            Ok(ack) => break ack,
-            Err(error) => assert!(thawed.elapsed() < WAIT, "the peer was never asked again: {error:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let ack = poll()
+        .within(WAIT)
+        .every(Duration::from_millis(50))
+        .until("the peer to be asked again", async || {
+            pair.bus.forward_send(CALLED, send_request(5, 0), queued()).await.map_err(|error| format!("{error:?}"))
+        })
+        .await;
     assert_eq!(ack.ack, ack_for(&send_request(5, 0)));
     let status = breaker_of(&pair.bus);
     assert_eq!((status.state, status.opened), (BreakerState::Closed, 1));

@@ -25,6 +25,8 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use herald_host::cluster::{KeyPrefix, RedisConnection};
+
+use crate::support::poll::poll;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -332,17 +334,12 @@ impl PrivateRedis {
                 panic!("cannot start redis-server ({error}); install Debian's redis-server (scripts/services.sh)")
             });
         let url = format!("redis://127.0.0.1:{port}/0");
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let answered = plain(&url).and_then(|mut redis| redis::cmd("PING").query::<String>(&mut redis));
-            match answered {
-                Ok(_) => return process,
-                Err(error) if std::time::Instant::now() > deadline => {
-                    panic!("redis-server on port {port} did not answer within 10 s: {error}")
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
+        poll()
+            .every(Duration::from_millis(20))
+            .until_blocking(&format!("redis-server on port {port} to answer"), || {
+                plain(&url).and_then(|mut redis| redis::cmd("PING").query::<String>(&mut redis))
+            });
+        process
     }
 }
 

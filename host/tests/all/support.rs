@@ -1,7 +1,9 @@
 //! Test databases: a fresh one per test, on each backend (see `tests/scratch`). A backend
 //! that cannot be reached fails the test with a message saying how to start it — never a
-//! silent skip.
+//! silent skip. And `poll`, the one way every test waits for a condition (`tests/poll`).
 
+#[path = "../poll/mod.rs"]
+pub mod poll;
 #[path = "../scratch/mod.rs"]
 pub mod scratch;
 

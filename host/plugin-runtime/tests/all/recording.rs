@@ -2,6 +2,7 @@
 //! replayed through the same plugin (no difference) and a changed one (exactly the changed
 //! decisions).
 
+use crate::support::poll;
 use crate::support::{TestHost, built, install, message, no_quarantine};
 use herald_plugin_runtime::{
     CallInput, CallOutput, Hook, PluginError, RecordingError, RecordingOptions, replay, types::MessageDecision,
@@ -21,13 +22,19 @@ fn records(file: &Path) -> Vec<serde_json::Value> {
 async fn finish(t: &TestHost, name: &str, expected_records: usize) -> std::path::PathBuf {
     let status = t.host.stop_recording(name).expect("a running recording");
     assert_eq!(status.records as usize, expected_records, "{status:?}");
-    for _ in 0..200 {
-        if std::fs::read_to_string(&status.file).map(|t| t.lines().count()).unwrap_or(0) == expected_records + 1 {
-            return status.file;
+    written_out(&status.file, expected_records).await;
+    status.file
+}
+
+/// Waits until the writer thread has written the header and `records` records to `file`.
+async fn written_out(file: &Path, records: usize) {
+    poll::until(&format!("{} written out", file.display()), async || {
+        match std::fs::read_to_string(file).map(|text| text.lines().count()).unwrap_or(0) {
+            lines if lines == records + 1 => Ok(()),
+            lines => Err(format!("{lines} lines")),
         }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("the recording {} was not written out", status.file.display());
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,12 +86,7 @@ async fn recording_is_sampled_bounded_and_can_redact_bodies() {
     assert!(!status.active, "it ended at max_records: {status:?}");
     assert_eq!(status.records, 3);
     assert!(status.ended.as_deref().is_some_and(|why| why.contains("max_records")), "{status:?}");
-    for _ in 0..200 {
-        if std::fs::read_to_string(&status.file).map(|t| t.lines().count()).unwrap_or(0) == 4 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    written_out(&status.file, 3).await;
     let lines = records(&status.file);
     assert_eq!(lines.len(), 3);
     assert!(lines.iter().all(|l| l["input"]["body"] == serde_json::json!([])), "{lines:?}");

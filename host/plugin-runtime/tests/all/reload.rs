@@ -1,6 +1,7 @@
 //! Hot reload: atomic swaps under load, failed versions leave the old one serving, the
 //! folder watcher, unloading.
 
+use crate::support::poll::poll;
 use crate::support::{TestHost, built, install, message, no_quarantine};
 use herald_plugin_runtime::{PluginState, types::MessageDecision};
 use std::{
@@ -107,32 +108,23 @@ async fn the_watcher_reloads_changed_files_and_unloads_deleted_ones() {
     t.load().await;
     let _watcher = t.host.watch().expect("watching");
     swap_in(t.path(), "echo-v2");
-    let mut served = version(&t).await;
-    for _ in 0..200 {
-        if served == rewrite("echo-v2") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        served = version(&t).await;
-    }
-    assert_eq!(served, rewrite("echo-v2"), "the watcher swapped in v2 within 10 s");
+    let watching = poll().every(Duration::from_millis(50));
+    watching
+        .until("the watcher to swap in v2", async || {
+            let served = version(&t).await;
+            if served == rewrite("echo-v2") { Ok(()) } else { Err(format!("{served:?}")) }
+        })
+        .await;
     // A manifest change reloads too.
     std::fs::write(t.path().join("echo.toml"), "version = \"2.0.0\"").expect("write");
-    for _ in 0..200 {
-        if t.status("echo").version.as_deref() == Some("2.0.0") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(t.status("echo").version.as_deref(), Some("2.0.0"));
+    watching
+        .until("the manifest's version to serve", async || {
+            let status = t.status("echo");
+            if status.version.as_deref() == Some("2.0.0") { Ok(()) } else { Err(format!("{status:?}")) }
+        })
+        .await;
     std::fs::remove_file(t.path().join("echo.wasm")).expect("remove");
-    for _ in 0..200 {
-        if t.host.plugin_status("echo").is_none() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(t.host.plugin_status("echo").is_none(), "deleting the file unloads the plugin");
+    watching.until("deleting the file to unload the plugin", async || t.host.plugin_status("echo").is_none()).await;
     assert_eq!(version(&t).await, MessageDecision::Allow, "the built-in default answers");
 }
 

@@ -1,6 +1,7 @@
 //! Shadow runs and canaries: a shadow sees the active version's inputs and is compared but
 //! never applied; a promoted version is watched and rolled back by itself when it fails.
 
+use crate::support::poll::poll;
 use crate::support::{TestHost, built, install, message, no_quarantine};
 use herald_plugin_runtime::{CanaryState, PluginHostConfig, PluginStatus, PromoteError, types::MessageDecision};
 use std::{path::Path, time::Duration};
@@ -14,14 +15,13 @@ fn rewrite(v: &str) -> MessageDecision {
 /// Polls `echo`'s status until `done` holds (the shadow's calls and the canary's checks run
 /// in tasks of their own).
 async fn until(t: &TestHost, what: &str, done: impl Fn(&PluginStatus) -> bool) -> PluginStatus {
-    for _ in 0..500 {
-        let status = t.status("echo");
-        if done(&status) {
-            return status;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{what}: not reached; status: {:#?}", t.status("echo"));
+    poll()
+        .every(Duration::from_millis(20))
+        .until(what, async || {
+            let status = t.status("echo");
+            if done(&status) { Ok(status) } else { Err(format!("{status:#?}")) }
+        })
+        .await
 }
 
 fn same_bytes(a: &Path, b: &Path) -> bool {

@@ -1,4 +1,8 @@
-//! Builds guest plugins once and sets up hosts over temporary plugin folders.
+//! Builds guest plugins once and sets up hosts over temporary plugin folders; and `poll`,
+//! the one way the tests wait for a condition (shared with herald-host's tests).
+
+#[path = "../../../tests/poll/mod.rs"]
+pub mod poll;
 
 use herald_plugin_runtime::{
     BuiltinDefaults, Clock, ManualClock, MemoryKv, MemoryLimiter, PluginHost, PluginHostConfig, PluginStatus,

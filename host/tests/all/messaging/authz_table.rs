@@ -142,7 +142,7 @@ async fn a_removed_member_cannot_send_into_the_group_not_even_a_send_queued_befo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliver_ack_moves_only_the_acking_devices_own_cursor() {
     // No reconnect grace: the phone's return is backfilled from its stored cursor.
-    let herald = Herald::with().set("GATEWAY__RECONNECT_GRACE_MS", 0).start().await;
+    let mut herald = Herald::with().set("GATEWAY__RECONNECT_GRACE_MS", 0).start().await;
     let conversation = dm("alice", "bob");
     let phone = Client::connect(&herald, "alice", "phone").await;
     phone.close().await;
@@ -157,19 +157,30 @@ async fn deliver_ack_moves_only_the_acking_devices_own_cursor() {
     tablet.deliver_of(sent[2].message_id).await;
     tablet.deliver_ack(&conversation, newest).await;
     mallory.deliver_ack(&conversation, newest).await;
-    // Give the acks time to be flushed as cursors (a ping round trip orders them first;
-    // the flush runs every 100 ms).
+    // A ping round trip orders each ack before what follows: taken in, not written yet.
     tablet.ping().await;
     mallory.ping().await;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-
-    let mut phone = Client::connect(&herald, "alice", "phone").await;
-    let backfill = phone.distinct_deliveries(&conversation, 3).await;
-    let ids: Vec<u64> = backfill.iter().map(|m| m.id).collect();
-    assert_eq!(ids, sent.iter().map(|ack| ack.message_id).collect::<Vec<_>>(), "the phone still lacks all three");
+    let sent_ids: Vec<u64> = sent.iter().map(|ack| ack.message_id).collect();
+    let phone_lacks_all_three = async |herald: &Herald| {
+        let mut phone = Client::connect(herald, "alice", "phone").await;
+        let backfill = phone.distinct_deliveries(&conversation, 3).await;
+        let ids: Vec<u64> = backfill.iter().map(|m| m.id).collect();
+        phone.close().await;
+        ids
+    };
+    assert_eq!(phone_lacks_all_three(&herald).await, sent_ids, "the phone lacks all three (acks taken in)");
     let hers = mallory.sync(&[], 100).await;
     assert!(hers.conversations.is_empty(), "her ack recorded no cursor of theirs: {hers:?}");
     saw_no_secret(&mallory);
+
+    // And once the acks are written: a clean stop writes every cursor noted, so after the
+    // restart only what storage holds counts.
+    assert!(herald.terminate().await, "a clean stop\n{}", herald.log_tail());
+    herald.restart().await;
+    assert_eq!(phone_lacks_all_three(&herald).await, sent_ids, "the phone lacks all three (acks written)");
+    let mut mallory = Client::connect(&herald, "mallory", "phone").await;
+    let hers = mallory.sync(&[], 100).await;
+    assert!(hers.conversations.is_empty(), "her ack wrote no cursor of theirs: {hers:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,6 +17,8 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use crate::support::poll::poll;
+
 /// A headless Chromium process and a DevTools connection to it; killed on drop.
 pub struct Browser {
     child: Child,
@@ -68,27 +70,24 @@ impl Browser {
         let mut browser_child = ChildGuard(Some(child));
         // Chromium writes the port it chose and the browser's DevTools path to this file.
         let active_port = profile.join("DevToolsActivePort");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let url = loop {
-            if let Ok(text) = std::fs::read_to_string(&active_port) {
-                let mut lines = text.lines();
-                if let (Some(port), Some(path)) = (lines.next(), lines.next()) {
-                    break format!("ws://127.0.0.1:{port}{path}");
-                }
-            }
+        let opened = poll().within(Duration::from_secs(30)).every(Duration::from_millis(50));
+        let url = opened.try_until("Chromium to open DevTools", async || {
             if let Some(Ok(Some(status))) = browser_child.0.as_mut().map(Child::try_wait) {
                 panic!(
                     "Chromium exited with {status} before opening DevTools\n{}",
                     chromium_log(&root.path().join("chromium.log"))
                 );
             }
-            assert!(
-                Instant::now() < deadline,
-                "Chromium did not open DevTools within 30 s\n{}",
-                chromium_log(&root.path().join("chromium.log"))
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+            let text = std::fs::read_to_string(&active_port).unwrap_or_default();
+            let mut lines = text.lines();
+            match (lines.next(), lines.next()) {
+                (Some(port), Some(path)) => Some(format!("ws://127.0.0.1:{port}{path}")),
+                _ => None,
+            }
+        });
+        let url = url
+            .await
+            .unwrap_or_else(|timed_out| panic!("{timed_out}\n{}", chromium_log(&root.path().join("chromium.log"))));
         let (ws, _) = tokio_tungstenite::connect_async(url.as_str())
             .await
             .unwrap_or_else(|error| panic!("cannot open the DevTools WebSocket {url}: {error}"));
@@ -163,8 +162,7 @@ impl Browser {
     /// Polls `expression` until it is truthy; returns its value. On timeout, panics with
     /// `what` and the page's own log (`#log`).
     pub async fn wait_until(&mut self, page: &Page, expression: &str, what: &str, timeout: Duration) -> Value {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let truthy = poll().within(timeout).every(Duration::from_millis(100)).try_until(what, async || {
             let value = self.eval(page, expression).await.unwrap_or(Value::Null);
             let truthy = match &value {
                 Value::Null => false,
@@ -173,10 +171,11 @@ impl Browser {
                 Value::Number(n) => n.as_f64() != Some(0.0),
                 Value::Array(_) | Value::Object(_) => true,
             };
-            if truthy {
-                return value;
-            }
-            if Instant::now() > deadline {
+            if truthy { Ok(value) } else { Err(value) }
+        });
+        match truthy.await {
+            Ok(value) => value,
+            Err(timed_out) => {
                 let log = self
                     .eval(
                         page,
@@ -189,12 +188,11 @@ impl Browser {
                     .await
                     .unwrap_or_default();
                 panic!(
-                    "{}: waited {timeout:?} for {what}\npage log: {log}\npage messages: {messages}\nChromium log:\n{}",
+                    "{}: {timed_out}\npage log: {log}\npage messages: {messages}\nChromium log:\n{}",
                     page.label,
                     chromium_log(&self.log_path())
                 );
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 

@@ -16,6 +16,7 @@ use super::client::Client;
 use super::nodes::{History, LEASE_TTL_MS, Nodes, check_history};
 use super::{dm, metric, uuid};
 use crate::redis_scratch::{PrivateRedis, partitionable_proxy, redis_url};
+use crate::support::poll::poll;
 
 /// How long a send may take to be accepted once its owner is gone: the lease lapsing, the
 /// ring moving, a pending dedup mark of the dead owner expiring.
@@ -246,10 +247,10 @@ async fn a_paused_owner_resumed_after_its_lease_lapsed_commits_nothing(backend: 
     nodes.resume(2);
     // The zombie learns its lease is gone at its next renew and stops; meanwhile whatever
     // it had in flight must be refused by the fence.
-    let deadline = Instant::now() + Duration::from_millis(LEASE_TTL_MS * 10);
-    while nodes.nodes[2].is_running() {
-        assert!(Instant::now() < deadline, "the resumed node did not stop\n{}", nodes.nodes[2].log_tail());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopping = poll().within(Duration::from_millis(LEASE_TTL_MS * 10)).every(Duration::from_millis(100));
+    if let Err(timed_out) = stopping.try_until("the resumed node to stop", async || !nodes.nodes[2].is_running()).await
+    {
+        panic!("{timed_out}\n{}", nodes.nodes[2].log_tail());
     }
     assert!(nodes.nodes[2].log_tail().contains("lease lost"), "{}", nodes.nodes[2].log_tail());
     traffic_through(&mut nodes, &mut writers, 3, &mut history, async |_| {}).await;

@@ -10,6 +10,7 @@ use super::client::Client;
 use super::server::{DEV_KEY, Herald};
 use super::token::{self, now_s};
 use super::{dm, uuid};
+use crate::support::poll::poll;
 
 const SECRET: &[u8] = b"e2e-test-secret-0123456789abcdef";
 
@@ -154,15 +155,13 @@ async fn a_shutdown_delay_answers_readyz_503_while_the_node_still_serves() {
     let mut bob = Client::connect(&herald, "bob", "phone").await;
 
     herald.signal("TERM");
-    let deadline = std::time::Instant::now() + super::WAIT;
-    let readyz = loop {
-        let readyz = herald.get("/readyz", None).await;
-        if readyz.status == 503 || std::time::Instant::now() > deadline {
-            break readyz;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
-    assert_eq!(readyz.status, 503, "{readyz:?}");
+    let draining = poll().within(super::WAIT).every(std::time::Duration::from_millis(20));
+    let readyz = draining
+        .until("/readyz to answer 503", async || {
+            let readyz = herald.get("/readyz", None).await;
+            if readyz.status == 503 { Ok(readyz) } else { Err(format!("{readyz:?}")) }
+        })
+        .await;
     assert_eq!(readyz.json()["error"]["code"], "draining", "{readyz:?}");
     // Still serving: a send is delivered, and a new device connects and sends.
     let ack = alice.send_ok(&dm("alice", "bob"), "still here?").await;

@@ -6,12 +6,11 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::client::Client;
 use super::server::Herald;
 use super::slow_consumer::{SLOW_DEVICE, expect_slow_consumer_closed, let_go, send_batch};
 use super::{WAIT, dm, metric};
+use crate::support::poll::poll;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_five_health_metrics_follow_what_devices_do() {
@@ -35,16 +34,20 @@ async fn the_five_health_metrics_follow_what_devices_do() {
     }
 
     // Each first push settles once: bob's 5 acked, carol's 5 given up after 3 pushes each.
-    let deadline = Instant::now() + WAIT;
-    let text = loop {
-        let text = herald.get("/metrics", None).await.body;
-        let settled = |outcome: &str| metric(&text, &format!("herald_delivery_settled_total{{outcome=\"{outcome}\"}}"));
-        if settled("acked") >= 5.0 && settled("given_up") >= 5.0 && text.contains("herald_send_backlog ") {
-            break text;
-        }
-        assert!(Instant::now() < deadline, "the deliveries did not settle:\n{text}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let text = poll()
+        .within(WAIT)
+        .every(Duration::from_millis(100))
+        .until("the deliveries to settle", async || {
+            let text = herald.get("/metrics", None).await.body;
+            let settled =
+                |outcome: &str| metric(&text, &format!("herald_delivery_settled_total{{outcome=\"{outcome}\"}}"));
+            if settled("acked") >= 5.0 && settled("given_up") >= 5.0 && text.contains("herald_send_backlog ") {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        })
+        .await;
     let value = |name: &str| metric(&text, name);
 
     // 1. Delivery success rate: acked over all settled first pushes.
@@ -79,15 +82,11 @@ fn exported(text: &str, name: &str) -> bool {
 
 /// `/metrics` once `ready` holds of it; fails after [`WAIT`] with `what` and the text.
 async fn metrics_once(herald: &Herald, what: &str, ready: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let exported = poll().within(WAIT).every(Duration::from_millis(20)).try_until(what, async || {
         let text = herald.get("/metrics", None).await.body;
-        if ready(&text) {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "{what}:\n{text}\n{}", herald.log_tail());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if ready(&text) { Ok(text) } else { Err(text) }
+    });
+    exported.await.unwrap_or_else(|timed_out| panic!("{timed_out}\n{}", herald.log_tail()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

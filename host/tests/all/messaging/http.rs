@@ -6,11 +6,11 @@ use base64::engine::general_purpose::STANDARD;
 use herald_proto::Encoding;
 use herald_proto::v1;
 use serde_json::{Value, json};
-use tokio::time::Instant;
 
 use super::client::Client;
 use super::server::{DEV_KEY, Herald, Response};
 use super::{WAIT, dm};
+use crate::support::poll::poll;
 
 /// A uint64 in JSON: a string (canonical mapping) or a number.
 fn as_u64(value: &Value) -> Option<u64> {
@@ -115,17 +115,17 @@ async fn presence_lists_online_devices_until_they_leave() {
     anonymous.error_code();
 
     laptop.close().await;
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let presence = herald.get("/v1/users/alice/presence", Some(DEV_KEY)).await;
-        assert_eq!(presence.status, 200, "{presence:?}");
-        if !presence.body.contains("alpha-laptop-device") {
-            assert!(presence.body.contains("beta-phone-device"), "the phone is still online: {presence:?}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "a cleanly closed device left presence within {WAIT:?}: {presence:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let left = "a cleanly closed device to leave presence";
+    let presence = poll()
+        .within(WAIT)
+        .every(std::time::Duration::from_millis(100))
+        .until(left, async || {
+            let presence = herald.get("/v1/users/alice/presence", Some(DEV_KEY)).await;
+            assert_eq!(presence.status, 200, "{presence:?}");
+            if presence.body.contains("alpha-laptop-device") { Err(format!("{presence:?}")) } else { Ok(presence) }
+        })
+        .await;
+    assert!(presence.body.contains("beta-phone-device"), "the phone is still online: {presence:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,6 +13,7 @@ use tokio_tungstenite::tungstenite;
 use super::client::Client;
 use super::server::{DEV_KEY, Herald};
 use super::{WAIT, dm, metric, uuid};
+use crate::support::poll::poll;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_sending_ten_times_its_budget_gets_retry_and_loses_nothing_once_it_slows_down() {
@@ -148,10 +149,12 @@ async fn refused_upgrade(herald: &Herald) -> tungstenite::http::Response<Option<
 /// Waits until a WebSocket upgrade succeeds again (a closed connection's slot is freed when
 /// the server notices the close).
 async fn upgrade_succeeds_again(herald: &Herald) {
-    let deadline = Instant::now() + WAIT;
-    while tokio_tungstenite::connect_async(herald.ws_url()).await.is_err() {
-        assert!(Instant::now() < deadline, "a freed slot must take a new connection\n{}", herald.log_tail());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let freed = poll().within(WAIT).every(Duration::from_millis(50));
+    let upgraded = freed.try_until("a freed slot to take a new connection", async || {
+        tokio_tungstenite::connect_async(herald.ws_url()).await.map(drop)
+    });
+    if let Err(timed_out) = upgraded.await {
+        panic!("{timed_out}\n{}", herald.log_tail());
     }
 }
 
@@ -188,14 +191,13 @@ async fn client_sockets_have_tcp_keepalive() {
     // ss shows the kernel's keepalive timer on the server's end of the connection once it is
     // idle (while data is in flight it shows the retransmit timer instead).
     let filter = format!("( sport = :{} )", herald.port);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let output = std::process::Command::new("ss").args(["-tnoH", "state", "established", &filter]).output();
-        let sockets = String::from_utf8_lossy(&output.expect("ss (iproute2) runs").stdout).into_owned();
-        if sockets.contains("timer:(keepalive") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the server's socket has no keepalive timer:\n{sockets}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll()
+        .within(WAIT)
+        .every(Duration::from_millis(100))
+        .until("a keepalive timer on the server's socket", async || {
+            let output = std::process::Command::new("ss").args(["-tnoH", "state", "established", &filter]).output();
+            let sockets = String::from_utf8_lossy(&output.expect("ss (iproute2) runs").stdout).into_owned();
+            if sockets.contains("timer:(keepalive") { Ok(()) } else { Err(sockets) }
+        })
+        .await;
 }

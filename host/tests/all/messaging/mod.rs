@@ -8,8 +8,8 @@
 //! client cannot do: stay silent, never answer pings), [`token`] (HS256 JWTs), [`cdp`]
 //! (Chromium over the DevTools protocol).
 //!
-//! Rules the tests keep: no sleep is an assertion (wait for the thing, with a generous
-//! deadline); the only fixed windows are for "this must *not* happen", and they are a
+//! Rules the tests keep: no sleep is an assertion (wait for the thing with
+//! `support::poll`, with a generous deadline); the only fixed windows are for "this must *not* happen", and they are a
 //! multiple of the interval involved; assertions name what PROTOCOL.md promises (ids, order,
 //! bodies, close codes) and print the server's log tail when the server misbehaves.
 

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use herald_host::config::StorageConfig;
 use herald_host::store::{Backend, Database};
@@ -18,6 +18,7 @@ use super::WAIT;
 use super::client::Client;
 use super::server::{DEV_KEY, Herald, Options, free_port};
 use crate::redis_scratch::Scratch;
+use crate::support::poll::poll;
 use crate::support::scratch::ScratchDatabase;
 
 /// Lease TTL of the test nodes: short, so a dead node's conversations move quickly.
@@ -168,11 +169,10 @@ impl Nodes {
     }
 
     /// Polls `done` every 50 ms until it holds, for at most [`WAIT`] (plus a lease TTL).
-    pub async fn wait_until(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
-        let deadline = Instant::now() + WAIT + Duration::from_millis(LEASE_TTL_MS);
-        while !done().await {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", self.log_tails());
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    pub async fn wait_until(&self, what: &str, done: impl AsyncFnMut() -> bool) {
+        let patient = poll().within(WAIT + Duration::from_millis(LEASE_TTL_MS)).every(Duration::from_millis(50));
+        if let Err(timed_out) = patient.try_until(what, done).await {
+            panic!("{timed_out}\n{}", self.log_tails());
         }
     }
 

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::client::Client;
 use super::server::Herald;
+use crate::support::poll::poll;
 
 /// Copies the named first-party plugins (built .wasm + manifest) into a fresh folder.
 pub fn install(names: &[&str]) -> tempfile::TempDir {
@@ -198,25 +199,16 @@ async fn a_repeated_announcement_is_answered_with_the_originals_ids_after_its_de
     assert_eq!(late.subscribe("room:lobby", Some(0)).await.messages.len(), 1, "stored once");
 }
 
-/// The tier `/admin/health` reports.
-async fn tier(herald: &Herald) -> String {
-    let health = herald.get("/admin/health", Some("dev-key")).await;
-    assert_eq!(health.status, 200, "{}", health.body);
-    health.json()["tier"].as_str().unwrap_or_default().to_owned()
-}
-
 /// Waits (up to 10 s) until the node reports `wanted` as its tier.
 async fn await_tier(herald: &Herald, wanted: &str) {
-    for _ in 0..200 {
-        if tier(herald).await == wanted {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "tier never became {wanted}; /admin/health says {}",
-        herald.get("/admin/health", Some("dev-key")).await.body
-    );
+    poll()
+        .every(Duration::from_millis(50))
+        .until(&format!("the tier to become {wanted}"), async || {
+            let health = herald.get("/admin/health", Some("dev-key")).await;
+            assert_eq!(health.status, 200, "{}", health.body);
+            if health.json()["tier"] == wanted { Ok(()) } else { Err(health.body) }
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

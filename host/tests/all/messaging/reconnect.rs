@@ -2,13 +2,14 @@
 //! resumes where it was — it gets what it had not acked and what was sent meanwhile, and its
 //! backfill reads only those conversations instead of every conversation of the user.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use herald_proto::v1;
 
 use super::client::Client;
 use super::dm;
 use super::server::{DEV_KEY, Herald};
+use crate::support::poll;
 
 /// The value of the Prometheus sample `series` (name with labels), 0 when absent.
 async fn metric(herald: &Herald, series: &str) -> f64 {
@@ -23,15 +24,11 @@ async fn metric(herald: &Herald, series: &str) -> f64 {
 
 /// Waits until the server has let `user`'s `device` go (it is gone from presence).
 async fn wait_until_offline(herald: &Herald, user: &str, device: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    poll::until(&format!("{user}/{device} to go offline"), async || {
         let presence = herald.get(&format!("/v1/users/{user}/presence"), Some(DEV_KEY)).await;
-        if presence.status == 200 && !presence.body.contains(device) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{user}/{device} still online: {presence:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if presence.status == 200 && !presence.body.contains(device) { Ok(()) } else { Err(format!("{presence:?}")) }
+    })
+    .await;
 }
 
 /// The bodies of the next `count` distinct messages pushed in `conversation`, by seq.
@@ -100,7 +97,16 @@ async fn a_device_back_within_the_grace_period_gets_what_it_lacks_from_a_resumed
 async fn after_the_grace_period_a_device_gets_a_full_backfill_and_still_everything() {
     let herald = Herald::with().set("GATEWAY__RECONNECT_GRACE_MS", 200).start().await;
     let (_alice, _carol) = bob_drops_with_messages_owed(&herald).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The grace is over once the server has let the parked session go, not once 200 ms have
+    // passed here. Both gauges are set together, from the live counts: only alice's and
+    // carol's connections open means bob's drop has been counted, and no session parked
+    // then means his (and dave's) expired.
+    poll::until("the parked sessions to expire", async || {
+        let (open, parked) =
+            (metric(&herald, "herald_gateway_connections").await, metric(&herald, "herald_gateway_parked").await);
+        if (open, parked) == (2.0, 0.0) { Ok(()) } else { Err(format!("{open} connections, {parked} parked")) }
+    })
+    .await;
     let full_before = metric(&herald, r#"herald_delivery_backfills_total{path="full"}"#).await;
 
     let mut bob = Client::connect(&herald, "bob", "phone").await;

@@ -9,6 +9,7 @@ use serde_json::json;
 use super::client::Client;
 use super::hostile::guest;
 use super::server::Herald;
+use crate::support::poll;
 
 fn replay(plugin: &str, recording: &str) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
@@ -53,12 +54,14 @@ async fn a_recorded_session_replays_clean_on_its_plugin_and_shows_the_changes_of
     assert_eq!(stopped.json()["recording"]["records"], 6, "{}", stopped.body);
     let gone = herald.request("DELETE", "/admin/plugins/echo/recording", Some("dev-key"), None).await;
     assert_eq!(gone.status, 404, "{}", gone.body);
-    for _ in 0..200 {
-        if std::fs::read_to_string(&file).map(|t| t.lines().count()).unwrap_or(0) == 7 {
-            break;
+    // The writer thread writes out what was queued after the stop.
+    poll::until("the header and six records written out", async || {
+        match std::fs::read_to_string(&file).map(|text| text.lines().count()).unwrap_or(0) {
+            7 => Ok(()),
+            lines => Err(format!("{lines} lines")),
         }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    })
+    .await;
 
     let (ok, stdout, stderr) = replay("echo_v1", &file);
     assert!(ok, "the same plugin replays clean:\n{stdout}\n{stderr}");

@@ -9,13 +9,15 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::rustls::pki_types::ServerName;
+
+use crate::support::poll::poll;
 
 /// The API key (and admin key) dev mode accepts.
 pub const DEV_KEY: &str = "dev-key";
@@ -144,25 +146,30 @@ impl Herald {
         panic!("herald could not find a free port in 5 tries\n{}", self.log_tail());
     }
 
+    /// Waits (up to 30 s: a start compiles plugins and migrates) for a 200 from `/healthz`;
+    /// `Err` when the process exits first or none comes. The check answers `Err` for "not
+    /// yet" and `Ok(Err)` for "never: it exited".
     async fn wait_healthy(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                self.child = None;
-                return Err(format!("exited with {status}"));
-            }
-            if let Ok(response) = exchange(self.port, self.tls(), "GET", "/healthz", None, None).await
-                && response.status == 200
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err("no 200 from /healthz within 30 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        let starting = poll().within(Duration::from_secs(30)).every(Duration::from_millis(25));
+        starting
+            .try_until("a 200 from /healthz", async || -> Result<Result<(), String>, String> {
+                if let Some(status) = self.exited() {
+                    return Ok(Err(format!("exited with {status}")));
+                }
+                match exchange(self.port, self.tls(), "GET", "/healthz", None, None).await {
+                    Ok(response) if response.status == 200 => Ok(Ok(())),
+                    Ok(response) => Err(format!("HTTP {}", response.status)),
+                    Err(error) => Err(error.to_string()),
+                }
+            })
+            .await?
+    }
+
+    /// The exit status, once the process has exited (it is then no longer held).
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut().and_then(|child| child.try_wait().ok().flatten())?;
+        self.child = None;
+        Some(status)
     }
 
     /// `kill -9`: no shutdown, no flush — what a power cut looks like to the process.
@@ -183,14 +190,12 @@ impl Herald {
     /// Waits (up to 30 s) for the process to exit; returns whether it exited successfully.
     pub async fn wait_exit(&mut self) -> bool {
         let mut child = self.child.take().expect("herald is running");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = child.try_wait().expect("wait for herald") {
-                return status.success();
-            }
-            assert!(Instant::now() < deadline, "herald did not exit within 30 s of SIGTERM\n{}", self.log_tail());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let exited = poll()
+            .within(Duration::from_secs(30))
+            .every(Duration::from_millis(20))
+            .try_until("herald to exit after SIGTERM", async || child.try_wait().expect("wait for herald"))
+            .await;
+        exited.unwrap_or_else(|timed_out| panic!("{timed_out}\n{}", self.log_tail())).success()
     }
 
     /// Sends `signal` (`STOP`, `CONT`, …) to the process, as `kill -<signal>` would.

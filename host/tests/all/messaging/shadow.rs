@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use super::client::Client;
 use super::hostile::guest;
 use super::server::Herald;
+use crate::support::poll;
 
 const DM: &str = "dm:alice:bob";
 
@@ -33,14 +34,12 @@ async fn a_rejecting_shadow_shows_its_differences_changes_no_delivery_and_applie
     let fine = alice.send_ok(DM, "hello").await;
     assert_eq!(bob.deliver_of(spam.message_id).await.message.map(|m| m.body.to_vec()), Some(b"buy spam now".to_vec()));
     bob.deliver_of(fine.message_id).await;
-    let mut echo = echo_status(&herald).await;
-    for _ in 0..100 {
-        if echo["shadow"]["compared"] == 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        echo = echo_status(&herald).await;
-    }
+    // The shadow's calls run on a task of its own, after the active version answered.
+    let echo = poll::until("the shadow to compare both calls", async || {
+        let echo = echo_status(&herald).await;
+        if echo["shadow"]["compared"] == 2 { Ok(echo) } else { Err(echo) }
+    })
+    .await;
     let shadow = &echo["shadow"];
     assert_eq!((shadow["compared"].clone(), shadow["differed"].clone()), (json!(2), json!(1)), "{echo}");
     let kind = &shadow["differences"][0];

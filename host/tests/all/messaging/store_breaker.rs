@@ -18,6 +18,7 @@ use super::client::Client;
 use super::server::{DEV_KEY, Herald};
 use super::{WAIT, dm, uuid};
 use crate::redis_scratch::proxy_to;
+use crate::support::poll::poll;
 use crate::support::scratch::ScratchDatabase;
 
 /// How long a batch may take before it fails, in this test.
@@ -92,15 +93,14 @@ async fn a_database_that_stops_answering_opens_the_store_breaker_and_traffic_res
     assert!(fast_retry.retry_after_ms > 0, "{fast_retry:?}");
 
     // The breaker shows as open (or half-open, probing) and the tier has stepped down.
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let health = health(&herald).await;
-        if store_breaker(&health) != "closed" && health["tier"] != "normal" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the breaker and the tier must show the outage: {health}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll()
+        .within(WAIT)
+        .every(Duration::from_millis(50))
+        .until("the breaker and the tier to show the outage", async || {
+            let health = health(&herald).await;
+            if store_breaker(&health) != "closed" && health["tier"] != "normal" { Ok(()) } else { Err(health) }
+        })
+        .await;
     let metrics = herald.get("/metrics", None).await.body;
     assert!(metrics.contains("herald_breaker_opened_total{breaker=\"store\"}"), "counted in /metrics");
 
@@ -115,15 +115,15 @@ async fn a_database_that_stops_answering_opens_the_store_breaker_and_traffic_res
         alice.resend_until_stored(id, &conversation, body.as_bytes(), deadline).await;
         acked_ok.insert(id.clone());
     }
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let health = health(&herald).await;
-        if store_breaker(&health) == "closed" && health["tier"] == "normal" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the breaker closes and the tier recovers by themselves: {health}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let recovered = "the breaker to close and the tier to recover by themselves";
+    poll()
+        .within(WAIT)
+        .every(Duration::from_millis(50))
+        .until(recovered, async || {
+            let health = health(&herald).await;
+            if store_breaker(&health) == "closed" && health["tier"] == "normal" { Ok(()) } else { Err(health) }
+        })
+        .await;
 
     // Every message is stored exactly once, in one seq each.
     let path = format!("/v1/conversations/{conversation}/messages?limit=500");

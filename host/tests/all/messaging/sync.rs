@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use herald_proto::v1::{self, send_ack::Status};
-use tokio::time::Instant;
 
 use super::client::Client;
 use super::server::Herald;
 use super::{WAIT, dm, uuid};
+use crate::support::poll::poll;
 
 /// Sends `count` messages ("<label> <i>") pipelined, and returns their OK acks in order.
 async fn send_many(client: &mut Client, conversation: &str, label: &str, count: usize) -> Vec<v1::SendAck> {
@@ -88,16 +88,16 @@ async fn sync_with_no_cursors_returns_what_this_device_lacks() {
     // Acknowledged: the server-side cursor moves, and a cursor-less sync has nothing more
     // for this conversation (cursor writes may be coalesced, so poll).
     bob.deliver_ack(&conversation, last).await;
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let reply = bob.sync(&[], 0).await;
-        let left = entry(&reply, &conversation).map(|c| c.messages.len()).unwrap_or(0);
-        if left == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "after deliver_ack({last}) sync still returns {left} messages: {reply:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let acked = format!("a cursor-less sync to return nothing after deliver_ack({last})");
+    poll()
+        .within(WAIT)
+        .every(Duration::from_millis(100))
+        .until(&acked, async || {
+            let reply = bob.sync(&[], 0).await;
+            let left = entry(&reply, &conversation).map(|c| c.messages.len()).unwrap_or(0);
+            if left == 0 { Ok(()) } else { Err(format!("{left} messages: {reply:?}")) }
+        })
+        .await;
 
     // An explicit cursor is honoured whatever the server-side one says.
     let reply = bob.sync(&[(&conversation, acks[9].seq)], 0).await;

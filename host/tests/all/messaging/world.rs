@@ -6,7 +6,7 @@
 //! and the recipients sit on the third node, so every message comes back over another hop.
 //! A scenario asks [`World::places`] where each part goes; on one node every place is node 0.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use herald_host::store::Backend;
 
@@ -14,6 +14,7 @@ use super::WAIT;
 use super::client::Client;
 use super::nodes::Nodes;
 use super::server::{DEV_KEY, Herald};
+use crate::support::poll::poll;
 
 /// Where a scenario runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,20 +84,23 @@ impl World {
     /// Waits until node `at` lists `user`'s `device` as online: `connected` is sent before
     /// the device's route is written, so presence may lag it.
     pub async fn wait_until_online(&self, at: usize, user: &str, device: &str) {
-        let deadline = Instant::now() + WAIT;
-        while !self.is_online(at, user, device).await {
-            assert!(Instant::now() < deadline, "{user}/{device} never online\n{}", self.log_tails());
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let online = poll().within(WAIT).every(Duration::from_millis(20));
+        if let Err(timed_out) =
+            online.try_until(&format!("{user}/{device} online"), async || self.is_online(at, user, device).await).await
+        {
+            panic!("{timed_out}\n{}", self.log_tails());
         }
     }
 
     /// Waits until no node lists `user`'s `device` as online (`GET /v1/users/{user}/presence`):
     /// the server has noticed the connection is gone.
     pub async fn wait_until_offline(&self, user: &str, device: &str) {
-        let deadline = Instant::now() + WAIT;
-        while self.is_online(0, user, device).await {
-            assert!(Instant::now() < deadline, "{user}/{device} still online\n{}", self.log_tails());
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let offline = poll().within(WAIT).every(Duration::from_millis(20));
+        if let Err(timed_out) = offline
+            .try_until(&format!("{user}/{device} offline"), async || !self.is_online(0, user, device).await)
+            .await
+        {
+            panic!("{timed_out}\n{}", self.log_tails());
         }
     }
 
@@ -137,15 +141,16 @@ impl World {
     /// `GET /v1/users/{user}/presence` of node `at`, asked again after a 503 (the route
     /// table did not answer in time, as it may not on a loaded machine) as a client would.
     pub async fn presence(&self, at: usize, user: &str) -> serde_json::Value {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let presence = self.node(at).get(&format!("/v1/users/{user}/presence"), Some(DEV_KEY)).await;
-            if presence.status != 503 || Instant::now() >= deadline {
-                assert_eq!(presence.status, 200, "{presence:?}");
-                return presence.json();
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let presence = poll()
+            .within(WAIT)
+            .every(Duration::from_millis(20))
+            .until("presence answered without a 503", async || {
+                let presence = self.node(at).get(&format!("/v1/users/{user}/presence"), Some(DEV_KEY)).await;
+                if presence.status == 503 { Err(format!("{presence:?}")) } else { Ok(presence) }
+            })
+            .await;
+        assert_eq!(presence.status, 200, "{presence:?}");
+        presence.json()
     }
 
     /// The last log lines of every node.
