@@ -2,18 +2,16 @@
 //! errors for bad configuration.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::support::poll::poll;
 
 fn herald() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
     command.env_remove("HERALD_CONFIG").env("RUST_LOG", "warn");
     command
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
 fn http_get(port: u16, path: &str) -> Option<String> {
@@ -50,22 +48,26 @@ fn migrate_creates_the_embedded_database() {
 #[test]
 fn serve_answers_healthz_and_readyz() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
+    let listen_file = dir.path().join("listening");
     let child = herald()
-        .args(["serve", "--dev", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(dir.path())
+        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--listen-file"])
+        .arg(&listen_file)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
         .stdout(Stdio::null())
         .spawn()
         .expect("start herald");
-    let _server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let health = loop {
-        if let Some(response) = http_get(port, "/healthz") {
-            break response;
+    let mut server = Server(child);
+    // The port the system picked, written once herald accepts connections.
+    let starting = poll().within(Duration::from_secs(30)).every(Duration::from_millis(50));
+    let port = starting.until_blocking("herald to write the address it listens on", || {
+        if let Ok(Some(status)) = server.0.try_wait() {
+            panic!("herald exited with {status} before listening");
         }
-        assert!(Instant::now() < deadline, "herald did not start listening");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+        let text = std::fs::read_to_string(&listen_file).map_err(|error| error.to_string())?;
+        text.trim().parse::<SocketAddr>().map(|addr| addr.port()).map_err(|error| format!("{text:?}: {error}"))
+    });
+    let health = http_get(port, "/healthz").expect("healthz once listening");
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     let ready = http_get(port, "/readyz").expect("readyz");
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
@@ -168,9 +170,8 @@ fn a_damaged_sqlite_file_is_refused_at_start_with_a_clear_message() {
     std::fs::write(garbage.path().join("herald.db"), vec![0x5A; 100_000]).expect("write garbage");
 
     for (dir, what) in [(&healthy, "garbage pages"), (&garbage, "not a database")] {
-        let port = free_port();
         let output = herald()
-            .args(["serve", "--dev", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir.path())
             .output()
             .expect("run herald");

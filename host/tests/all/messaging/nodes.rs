@@ -1,7 +1,7 @@
 //! A cluster of real `herald serve --dev` processes for the tests of cluster mode: N nodes
 //! on loopback sharing a fresh database (PostgreSQL or MariaDB) and a corner of the local
-//! Redis (a key prefix of their own, deleted at the end), node-to-node links on free ports.
-//! Plus the history checker the fault tests share.
+//! Redis (a key prefix of their own, deleted at the end), node-to-node links on ports the
+//! system picks. Plus the history checker the fault tests share.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use tokio_rustls::rustls::ClientConfig;
 
 use super::WAIT;
 use super::client::Client;
-use super::server::{DEV_KEY, Herald, Options, free_port};
+use super::server::{DEV_KEY, Herald, Options};
 use crate::redis_scratch::Scratch;
 use crate::support::poll::poll;
 use crate::support::scratch::ScratchDatabase;
@@ -79,10 +79,15 @@ impl Nodes {
     ) -> Self {
         let mut nodes = Self::start_configured(0, backend, extra, None).await;
         for _ in 0..count {
-            let listen = format!("127.0.0.1:{}", free_port());
-            let proxy = breakable_proxy_to(listen.clone(), broken.clone()).await;
-            let options = nodes.options().set("CLUSTER__PEER_LISTEN", &listen).set("CLUSTER__ADVERTISE", proxy);
-            nodes.nodes.push(options.start().await);
+            // The node takes a port of the system's choosing for its links; its proxy learns
+            // which from `/admin/cluster` (a link dialled before then waits for it).
+            let (target, learned) = watch::channel(None);
+            let proxy = breakable_proxy_to(learned, broken.clone()).await;
+            let node = nodes.options().set("CLUSTER__ADVERTISE", proxy).start().await;
+            let cluster = node.get("/admin/cluster", Some(DEV_KEY)).await.json();
+            let peer_listen = cluster["lease"]["peer_listen"].as_str().expect("the bound peer_listen").to_owned();
+            target.send_replace(Some(peer_listen));
+            nodes.nodes.push(node);
         }
         nodes.wait_for_members(count).await;
         nodes
@@ -213,10 +218,10 @@ impl Nodes {
     }
 }
 
-/// Starts a TCP proxy to `target` (`host:port`) that closes every connection it carries
-/// the moment `broken` holds, and closes each one it accepts meanwhile; returns the
-/// `host:port` it listens on.
-async fn breakable_proxy_to(target: String, broken: watch::Receiver<bool>) -> String {
+/// Starts a TCP proxy to the `host:port` `target` holds once it is known, that closes every
+/// connection it carries the moment `broken` holds, and closes each one it accepts
+/// meanwhile; returns the `host:port` it listens on.
+async fn breakable_proxy_to(mut target: watch::Receiver<Option<String>>, broken: watch::Receiver<bool>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
     let address = listener.local_addr().expect("proxy address");
     tokio::spawn(async move {
@@ -224,7 +229,15 @@ async fn breakable_proxy_to(target: String, broken: watch::Receiver<bool>) -> St
             if *broken.borrow() {
                 continue;
             }
-            let Ok(mut server) = TcpStream::connect(&target).await else { continue };
+            let to = loop {
+                if let Some(to) = target.borrow_and_update().clone() {
+                    break to;
+                }
+                if target.changed().await.is_err() {
+                    return;
+                }
+            };
+            let Ok(mut server) = TcpStream::connect(&to).await else { continue };
             let mut broken = broken.clone();
             tokio::spawn(async move {
                 tokio::select! {

@@ -1,11 +1,10 @@
-//! A real `herald serve --dev` process per test: free loopback port, temporary data dir,
-//! settings through `HERALD_*` environment variables, killed on drop. `kill9` + `restart`
-//! reopen the same data dir, for durability tests. Also a tiny HTTP/1.1 client (raw TCP,
-//! `Connection: close`), enough for PROTOCOL.md's JSON API.
+//! A real `herald serve --dev` process per test: a loopback port the system picks (read from
+//! `--listen-file`), temporary data dir, settings through `HERALD_*` environment variables,
+//! killed on drop. `kill9` + `restart` reopen the same data dir, for durability tests. Also a
+//! tiny HTTP/1.1 client (raw TCP, `Connection: close`), enough for PROTOCOL.md's JSON API.
 
 use std::fs::OpenOptions;
 use std::io::Read as _;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -111,46 +110,61 @@ impl Herald {
         log_tail(&self.log_path())
     }
 
-    async fn spawn(&mut self) {
-        for _attempt in 0..5 {
-            let port = free_port();
-            let log = OpenOptions::new().create(true).append(true).open(self.log_path()).expect("open the server log");
-            let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
-            command.arg("serve");
-            if self.options.dev {
-                command.arg("--dev");
-            }
-            command
-                .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-                .arg(self.data_dir())
-                .env_remove("HERALD_CONFIG")
-                .env("RUST_LOG", std::env::var("HERALD_TEST_SERVER_LOG").unwrap_or_else(|_| "info,sqlx=warn".into()))
-                .envs(self.options.env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("clone log handle"))
-                .stderr(log);
-            let child = command.spawn().expect("start herald");
-            self.child = Some(child);
-            self.port = port;
-            match self.wait_healthy().await {
-                Ok(()) => return,
-                Err(exited) => {
-                    let tail = self.log_tail();
-                    if tail.contains("in use") {
-                        continue; // another test took the port between bind and listen
-                    }
-                    panic!("herald did not start ({exited})\n{tail}");
-                }
-            }
-        }
-        panic!("herald could not find a free port in 5 tries\n{}", self.log_tail());
+    /// Where the server writes the address it listens on (`--listen-file`).
+    fn listen_file(&self) -> PathBuf {
+        self.root.path().join("listening")
     }
 
-    /// Waits (up to 30 s: a start compiles plugins and migrates) for a 200 from `/healthz`;
-    /// `Err` when the process exits first or none comes. The check answers `Err` for "not
-    /// yet" and `Ok(Err)` for "never: it exited".
+    /// Starts the process on a port of the system's choosing (`--listen 127.0.0.1:0`), reads
+    /// the port from `--listen-file` and waits for `/healthz`: no port is picked here that
+    /// another process could take first.
+    async fn spawn(&mut self) {
+        let listen_file = self.listen_file();
+        match std::fs::remove_file(&listen_file) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => panic!("remove {}: {error}", listen_file.display()),
+        }
+        let log = OpenOptions::new().create(true).append(true).open(self.log_path()).expect("open the server log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+        command.arg("serve");
+        if self.options.dev {
+            command.arg("--dev");
+        }
+        command
+            .args(["--listen", "127.0.0.1:0", "--listen-file"])
+            .arg(&listen_file)
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .env_remove("HERALD_CONFIG")
+            .env("RUST_LOG", std::env::var("HERALD_TEST_SERVER_LOG").unwrap_or_else(|_| "info,sqlx=warn".into()))
+            .envs(self.options.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log);
+        self.child = Some(command.spawn().expect("start herald"));
+        if let Err(why) = self.wait_healthy().await {
+            panic!("herald did not start ({why})\n{}", self.log_tail());
+        }
+    }
+
+    /// Waits (up to 30 s: a start compiles plugins and migrates) for the port in the listen
+    /// file, then for a 200 from `/healthz` there; `Err` when the process exits first or
+    /// neither comes. Each check answers `Err` for "not yet" and `Ok(Err)` for "never: it
+    /// exited".
     async fn wait_healthy(&mut self) -> Result<(), String> {
+        let listen_file = self.listen_file();
         let starting = poll().within(Duration::from_secs(30)).every(Duration::from_millis(25));
+        self.port = starting
+            .try_until("the port in the listen file", async || -> Result<Result<u16, String>, String> {
+                if let Some(status) = self.exited() {
+                    return Ok(Err(format!("exited with {status}")));
+                }
+                let text = std::fs::read_to_string(&listen_file).map_err(|error| error.to_string())?;
+                let addr: std::net::SocketAddr = text.trim().parse().map_err(|error| format!("{text:?}: {error}"))?;
+                Ok(Ok(addr.port()))
+            })
+            .await??;
         starting
             .try_until("a 200 from /healthz", async || -> Result<Result<(), String>, String> {
                 if let Some(status) = self.exited() {
@@ -269,10 +283,6 @@ pub fn log_tail(path: &Path) -> String {
     let lines: Vec<&str> = text.lines().collect();
     let start = lines.len().saturating_sub(40);
     format!("--- herald log (last {} lines) ---\n{}", lines.len() - start, lines[start..].join("\n"))
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
 /// An HTTP response.
