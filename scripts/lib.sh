@@ -46,6 +46,18 @@ ensure_promtool() {
     command -v promtool >/dev/null 2>&1 || die "the prometheus package did not provide promtool"
 }
 
+# nginx runs in the placement tests, as the real load balancer in front of a cluster
+# (hash $arg_user): Debian's package, only the binary is used (each test starts its own
+# process on loopback with a config in a temporary directory).
+ensure_nginx() {
+    command -v nginx >/dev/null 2>&1 && return 0
+    [ -x /usr/sbin/nginx ] && return 0
+    say "installing Debian's nginx (the placement tests route clients through a real nginx)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; } >&2 \
+        || die "could not install nginx; install it (apt-get install -y nginx)"
+    [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || die "the nginx package did not provide nginx"
+}
+
 # Installs each built first-party plugin into DIR as <name>.wasm, its manifest beside it as
 # <name>.toml (the layout the node loads and hot-reloads).
 install_plugins() {

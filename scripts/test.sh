@@ -19,6 +19,7 @@ say "Redis Cluster up: $redis_cluster_url"
 ensure_wasm_target
 ensure_chromium
 ensure_promtool
+ensure_nginx
 build_plugins debug
 build_test_guests
 build_language_guests

@@ -21,7 +21,7 @@ mod ids;
 mod intake;
 mod tls;
 
-pub use cluster::{ClusterConfig, DEV_CLUSTER_SECRET};
+pub use cluster::{ClusterConfig, DEV_CLUSTER_SECRET, Placement};
 pub use edge::{ApiConfig, GatewayConfig};
 pub use ids::IdsConfig;
 pub use intake::IntakeConfig;
@@ -475,6 +475,15 @@ impl Config {
             return Err(ConfigError::Invalid(format!(
                 "cluster.virtual_nodes {} must be 1..=1000",
                 cluster.virtual_nodes
+            )));
+        }
+        if cluster.placement != Placement::None && cluster.client_url.is_none() && self.listen.ip().is_unspecified() {
+            return Err(ConfigError::Invalid(format!(
+                "cluster.placement = {:?} lists every node in nginx's upstream by the address clients reach it at, \
+                 but listen is the wildcard {} and cluster.client_url is unset; set cluster.client_url \
+                 (HERALD_CLUSTER__CLIENT_URL) to this node's ws:// URL as nginx reaches it",
+                cluster.placement.name(),
+                self.listen
             )));
         }
         cluster.check_links(self.dev, self.tls.enabled()).map_err(ConfigError::Invalid)

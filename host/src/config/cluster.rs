@@ -47,6 +47,60 @@ pub struct ClusterConfig {
     /// How long an open breaker refuses calls at once before it lets one through to probe
     /// (seed 001: 5 s).
     pub breaker_open_ms: u64,
+    /// How clients' connections are spread over the nodes: `none` (by whatever balancer is
+    /// in front), or by nginx hashing `?user=` (`nginx-consistent`, `nginx-hash`), which
+    /// gives every user a home node that Herald computes as nginx does. The same on every
+    /// node of a cluster (checked at join).
+    pub placement: Placement,
+}
+
+/// `cluster.placement`: which node a user's connections are meant to reach.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Any node: users have no home (a plain load balancer, or none).
+    #[default]
+    None,
+    /// nginx's `hash $arg_user consistent;` over the live nodes' client addresses: a node
+    /// joining or leaving moves about 1/n of the users.
+    NginxConsistent,
+    /// nginx's plain `hash $arg_user;`: a node joining or leaving moves most users.
+    NginxHash,
+}
+
+impl Placement {
+    /// The name the setting takes (`none`, `nginx-consistent`, `nginx-hash`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::NginxConsistent => "nginx-consistent",
+            Self::NginxHash => "nginx-hash",
+        }
+    }
+
+    /// The setting named `name`, if there is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::None, Self::NginxConsistent, Self::NginxHash].into_iter().find(|placement| placement.name() == name)
+    }
+}
+
+/// By hand, so that a wrong value is refused naming the allowed ones (the config loader's
+/// own enum error names neither).
+impl<'de> Deserialize<'de> for Placement {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Self::from_name(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "cluster.placement must be \"none\", \"nginx-consistent\" or \"nginx-hash\", not {name:?}"
+            ))
+        })
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// The secret dev mode uses when none is set (dev mode listens on loopback only).
@@ -69,6 +123,7 @@ impl Default for ClusterConfig {
             breaker_failures: 10,
             breaker_span_ms: 1_000,
             breaker_open_ms: 5_000,
+            placement: Placement::None,
         }
     }
 }

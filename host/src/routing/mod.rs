@@ -8,6 +8,7 @@
 
 pub mod bus;
 pub mod cache;
+pub mod placement;
 pub mod ring;
 pub mod rooms;
 pub mod router;
