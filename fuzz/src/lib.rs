@@ -248,8 +248,11 @@ static API: LazyLock<Api> = LazyLock::new(|| {
         .unwrap_or_else(|error| panic!("a runtime: {error}"));
     let data = tempfile::tempdir().unwrap_or_else(|error| panic!("a temp dir: {error}"));
     let config = Config { dev: true, data_dir: data.path().to_owned(), ..Config::default() };
+    // No listener: the fuzzer calls the router directly; embedded mode uses the address only
+    // to name itself.
+    let listening = config.listen;
     let node = runtime
-        .block_on(herald_host::node::Node::open(config))
+        .block_on(herald_host::node::Node::open(config, listening))
         .unwrap_or_else(|error| panic!("an embedded node: {error}"));
     let router = herald_host::api::router(node);
     Api { runtime, router, _data: data }

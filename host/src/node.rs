@@ -92,11 +92,13 @@ pub struct Node {
 
 impl Node {
     /// Opens storage (migrating it) and assembles the node; starts its background tasks.
+    /// `listening` is the address the gateway is bound to (cluster mode lists it as this
+    /// node's client address unless `cluster.client_url` says otherwise).
     ///
     /// # Errors
     /// [`NodeError`] when storage cannot be opened, the configuration is unusable, or the
     /// clock is too far behind the newest message id this node id committed before.
-    pub async fn open(config: Config) -> Result<Arc<Self>, NodeError> {
+    pub async fn open(config: Config, listening: SocketAddr) -> Result<Arc<Self>, NodeError> {
         config.validate().map_err(|error| NodeError::Config(error.to_string()))?;
         let gateway = &config.gateway;
         let auth = Authenticator::new(required_secret(&config)?, config.dev)
@@ -110,7 +112,7 @@ impl Node {
             true => {
                 // Counted in Redis, which may have lost the count while no node ran.
                 let epoch_floor = database.highest_owner_epoch().await?;
-                Some(Arc::new(Cluster::join(&config, tls.clone(), epoch_floor).await?))
+                Some(Arc::new(Cluster::join(&config, tls.clone(), epoch_floor, listening).await?))
             }
             false => None,
         };

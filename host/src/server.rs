@@ -52,11 +52,12 @@ pub struct RunningServer {
 /// # Errors
 /// [`ServeError`] when the database cannot be opened or migrated, or the address is taken.
 pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
-    let node = Node::open(config.clone()).await?;
-
+    // Bound before the node opens: in cluster mode the address is part of its membership
+    // (nginx's upstream lists it). Connections wait in the backlog until serving starts.
     let listener =
         TcpListener::bind(config.listen).await.map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     let addr = listener.local_addr().map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let node = Node::open(config.clone(), addr).await?;
     let app = api::router(Arc::clone(&node));
     let (stop, stopped) = watch::channel(false);
     let socket = SocketOptions::of(config);

@@ -55,6 +55,27 @@ pub fn client_url(configured: Option<&str>, listening: SocketAddr) -> Option<Str
     }
 }
 
+/// The `host:port` of a client URL, as nginx's upstream lists the node: the authority
+/// without user info, with the scheme's port (80 for `ws://`, 443 for `wss://`) when the
+/// URL names none. `None` for a URL that is not `ws://` or `wss://`.
+pub fn client_address(url: &str) -> Option<String> {
+    let (rest, port) = match url.strip_prefix("wss://") {
+        Some(rest) => (rest, "443"),
+        None => (url.strip_prefix("ws://")?, "80"),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    if host_port.is_empty() {
+        return None;
+    }
+    let has_port = match host_port.rsplit_once(':') {
+        Some((host, port)) => !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !host.ends_with(':'),
+        None => false,
+    };
+    // An IPv6 address without a port ends with `]`: its colons are not a port's.
+    Some(if has_port && !host_port.ends_with(']') { host_port.to_owned() } else { format!("{host_port}:{port}") })
+}
+
 /// The client URLs of a cluster's nodes, in Redis.
 pub struct ClientUrls {
     /// Shared with the node's other Redis seams.
@@ -123,6 +144,20 @@ mod tests {
         let wildcard: SocketAddr = "0.0.0.0:7070".parse().expect("valid");
         assert_eq!(client_url(None, wildcard), None, "no client can dial 0.0.0.0");
         assert_eq!(client_url(configured, wildcard).as_deref(), configured);
+    }
+
+    #[test]
+    fn the_client_address_is_the_host_and_port_nginx_dials() {
+        assert_eq!(client_address("ws://127.0.0.1:40123/v1/ws").as_deref(), Some("127.0.0.1:40123"));
+        assert_eq!(client_address("ws://[fd00::7]:7070/v1/ws").as_deref(), Some("[fd00::7]:7070"));
+        assert_eq!(client_address("ws://[fd00::7]/v1/ws").as_deref(), Some("[fd00::7]:80"));
+        assert_eq!(
+            client_address("wss://node-1.chat.example.com/v1/ws").as_deref(),
+            Some("node-1.chat.example.com:443")
+        );
+        assert_eq!(client_address("ws://node-1:7070").as_deref(), Some("node-1:7070"));
+        assert_eq!(client_address("http://node-1:7070/v1/ws"), None);
+        assert_eq!(client_address("ws:///v1/ws"), None);
     }
 
     #[test]

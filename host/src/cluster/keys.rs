@@ -79,7 +79,7 @@ impl KeyPrefix {
         format!("{}node:{{cluster}}:leases", self.0)
     }
 
-    /// `node:{cluster}:holders`: a hash of node id → `<advertise>|<instance>`, who holds each
+    /// `node:{cluster}:holders`: a hash of node id → `<advertise>|<instance>|<client>`, who holds each
     /// lease and where peers reach it.
     pub(crate) fn node_holders(&self) -> String {
         format!("{}node:{{cluster}}:holders", self.0)
@@ -103,6 +103,13 @@ impl KeyPrefix {
     /// whose node ids it follows.
     pub(crate) fn node_clients(&self) -> String {
         format!("{}node:{{cluster}}:clients", self.0)
+    }
+
+    /// `node:{cluster}:settings`: the settings every node of the cluster must share
+    /// (`cluster.virtual_nodes`, `cluster.placement`), written by a join that finds no live
+    /// node and compared by every other join.
+    pub(crate) fn cluster_settings(&self) -> String {
+        format!("{}node:{{cluster}}:settings", self.0)
     }
 }
 

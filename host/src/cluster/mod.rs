@@ -36,7 +36,8 @@
 //! | `kv:{p:<plugin>:<key>}` | string | a value a plugin stored in its KV | the plugin's TTL, or none |
 //! | `limit:{p:<plugin>:<key>}` | string | a plugin rate-limit bucket's theoretical arrival time (GCRA, ms of Redis's clock) | until that time: the bucket is full again |
 //! | `node:{cluster}:leases` | sorted set | each leased node id, scored by its lease's expiry (ms, Redis's clock) | none: lapsed entries are removed by [`membership`]'s view script |
-//! | `node:{cluster}:holders` | hash | node id → `<advertise>\|<instance token>` | none: removed with the lease |
+//! | `node:{cluster}:holders` | hash | node id → `<advertise>\|<instance token>\|<client host:port>` (the last part is nginx's upstream entry under `cluster.placement`) | none: removed with the lease |
+//! | `node:{cluster}:settings` | string | `virtual_nodes=<n> placement=<mode>`: what every node must share, written by a join that finds no live node, compared by every other join | none |
 //! | `node:{cluster}:epoch` | string | the counter every membership change increments | none |
 //! | `node:{cluster}:generation` | string | a random name of Redis's data set, to tell a forgotten lease from a lapsed one | none |
 //! | `node:{cluster}:clients` | hash | node id → the URL clients reach it at, which a draining node's `go_away` names ([`client_urls`]) | none: removed when the node drains and when it leaves; readers skip nodes without a live lease |

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::{NodeError, Seams};
 use crate::breaker::{Breaker, BreakerState, BreakerStatus};
 use crate::clock::{SystemClock, WallClock};
-use crate::cluster::client_urls::{check_client_url, client_url};
+use crate::cluster::client_urls::{check_client_url, client_address, client_url};
 use crate::cluster::membership::{MembershipSettings, RedisMembership};
 use crate::cluster::peer::{PeerBus, PeerHandler, PeerSecret, PeerServer, PeerTimeouts};
 use crate::cluster::{
@@ -102,12 +102,20 @@ pub struct ClusterStatus {
 
 impl Cluster {
     /// Connects to Redis, binds the peer listener and leases a node id, moving the ring's
-    /// epoch above `epoch_floor` (the highest owner epoch the database holds).
+    /// epoch above `epoch_floor` (the highest owner epoch the database holds). `listening`
+    /// is where the gateway is bound: with `cluster.client_url` unset, the address nginx's
+    /// upstream lists this node at.
     ///
     /// # Errors
     /// [`NodeError::Config`] naming what failed: Redis unreachable, the peer address taken,
-    /// a pinned node id held by a live node, an unusable secret or client URL.
-    pub async fn join(config: &Config, tls: Option<Tls>, epoch_floor: u64) -> Result<Self, NodeError> {
+    /// a pinned node id held by a live node, an unusable secret or client URL, shared
+    /// settings (`cluster.virtual_nodes`, `cluster.placement`) other than the cluster's.
+    pub async fn join(
+        config: &Config,
+        tls: Option<Tls>,
+        epoch_floor: u64,
+        listening: SocketAddr,
+    ) -> Result<Self, NodeError> {
         let settings = &config.cluster;
         let refuse = |what: String| NodeError::Config(what);
         let url = settings.redis_url.as_deref().unwrap_or_default();
@@ -135,6 +143,8 @@ impl Cluster {
         let membership_settings = MembershipSettings {
             pinned: config.node_id.map(NodeId),
             virtual_nodes: settings.virtual_nodes,
+            placement: settings.placement,
+            client: client_url(settings.client_url.as_deref(), listening).as_deref().and_then(client_address),
             epoch_floor,
             ..MembershipSettings::new(advertise).with_lease_ttl(settings.lease_ttl())
         };

@@ -5,11 +5,15 @@
 //! swaps in the next one while sends go on. The epoch grows with each replacement, so a
 //! node can tell a newer view from an older one. Embedded mode is one node on the ring for
 //! ever; cluster mode replaces the view as nodes join and leave.
+//!
+//! A view also carries the users' home nodes ([`Homes`]): nginx's upstream rebuilt from
+//! the same members, so the ring and the homes of one epoch always go together.
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use super::placement::Homes;
 use super::ring::{DEFAULT_VIRTUAL_NODES, Ring};
 use crate::model::NodeId;
 
@@ -19,12 +23,20 @@ pub struct RingView {
     /// Grows with each membership change.
     pub epoch: u64,
     pub ring: Ring,
+    /// Where nginx sends each user's connections under these members (no homes without
+    /// `cluster.placement`).
+    pub homes: Homes,
 }
 
 impl RingView {
     /// The node owning `key`; `None` only for an empty ring.
     pub fn owner(&self, key: &str) -> Option<NodeId> {
         self.ring.owner(key).map(NodeId)
+    }
+
+    /// The node `user`'s connections are meant to reach; `None` without placement.
+    pub fn home(&self, user: &str) -> Option<NodeId> {
+        self.homes.home(user)
     }
 }
 
@@ -63,7 +75,7 @@ impl StaticTopology {
 
 fn view(epoch: u64, nodes: &[NodeId]) -> RingView {
     let ids: Vec<u32> = nodes.iter().map(|node| node.0).collect();
-    RingView { epoch, ring: Ring::new(&ids, DEFAULT_VIRTUAL_NODES) }
+    RingView { epoch, ring: Ring::new(&ids, DEFAULT_VIRTUAL_NODES), homes: Homes::none() }
 }
 
 impl Topology for StaticTopology {

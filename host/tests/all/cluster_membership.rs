@@ -110,8 +110,10 @@ async fn two_nodes_that_join_see_each_other_at_one_epoch_with_one_ring() {
     assert_eq!(*a.subscribe().borrow(), on_a.epoch, "subscribers see the epoch in force");
     assert!(a.holds_lease() && b.holds_lease());
     assert!(!*a.fenced().borrow());
-    let expected: BTreeSet<String> =
-        ["leases", "holders", "epoch", "generation"].iter().map(|name| format!("node:{{cluster}}:{name}")).collect();
+    let expected: BTreeSet<String> = ["leases", "holders", "epoch", "generation", "settings"]
+        .iter()
+        .map(|name| format!("node:{{cluster}}:{name}"))
+        .collect();
     assert_eq!(scratch.keys_written(), expected, "the documented key layout");
     leave_all(&[&a, &b]).await;
 }

@@ -15,9 +15,10 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `node:{cluster}:leases` | sorted set | node id, scored by its lease's expiry (ms, Redis's clock) |
-//! | `node:{cluster}:holders` | hash | node id → `<advertise>\|<instance token>` |
+//! | `node:{cluster}:holders` | hash | node id → `<advertise>\|<instance token>\|<client address>` |
 //! | `node:{cluster}:epoch` | string | the counter every membership change increments |
 //! | `node:{cluster}:generation` | string | a random name of Redis's data set (see below) |
+//! | `node:{cluster}:settings` | string | the settings every node must share (see below) |
 //!
 //! Expiry is measured by Redis's clock (`TIME` inside the scripts), so no node's clock can
 //! expire another's lease early. Each node runs the view script every `poll` (250 ms):
@@ -26,6 +27,12 @@
 //! epoch in the same atomic step, so an epoch names one member set; and every node builds
 //! [`Ring::new`](crate::routing::ring::Ring::new) from the same set, so all nodes that are at an epoch agree on every owner.
 //! A node sees a change within one `poll` plus one round trip.
+//!
+//! A join also compares the settings every node must share — `cluster.virtual_nodes` (else
+//! nodes build different rings) and `cluster.placement` (else they name different homes) —
+//! with those stored at `settings`, in the same script: a join that finds no live lease
+//! stores its own; any other join with different values is refused
+//! ([`JoinError::Mismatch`], naming both values of each).
 //!
 //! # Fencing
 //!
@@ -98,6 +105,7 @@ use self::registry::{Joined, Member, Registry};
 use self::tasks::snapshot;
 use super::peer::PeerAddresses;
 use super::{KeyPrefix, RedisConnection, RedisFailure};
+use crate::config::Placement;
 use crate::model::{MAX_NODE_ID, NodeId};
 use crate::routing::ring::DEFAULT_VIRTUAL_NODES;
 use crate::routing::topology::{RingView, Topology};
@@ -106,7 +114,7 @@ use crate::routing::topology::{RingView, Topology};
 const COMPLAIN_EVERY: Duration = Duration::from_secs(5);
 
 /// How a node takes part in membership.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MembershipSettings {
     /// What other nodes connect to for node-to-node links (`cluster.advertise`).
     pub advertise: SocketAddr,
@@ -122,8 +130,15 @@ pub struct MembershipSettings {
     pub poll: Duration,
     /// The node id to lease (`HERALD_NODE_ID`); `None` leases the lowest free one.
     pub pinned: Option<NodeId>,
-    /// Points per node on the ring; every node of a cluster must use the same count.
+    /// Points per node on the ring; every node of a cluster must use the same count
+    /// (checked at join).
     pub virtual_nodes: u32,
+    /// How users get home nodes (`cluster.placement`); the same on every node (checked at
+    /// join).
+    pub placement: Placement,
+    /// Where clients reach this node (`host:port`), listed in nginx's upstream; `None`
+    /// when clients cannot dial it directly (then it is no user's home).
+    pub client: Option<String>,
     /// The epoch a join counts from at least: the highest owner epoch the database holds
     /// ([`Database::highest_owner_epoch`](crate::store::Database::highest_owner_epoch)), so
     /// epochs never go back after Redis lost its data while no node ran. 0 by default.
@@ -141,6 +156,8 @@ impl MembershipSettings {
             poll: Duration::from_millis(250),
             pinned: None,
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
+            placement: Placement::None,
+            client: None,
             epoch_floor: 0,
         }
         .with_lease_ttl(Duration::from_secs(3))
@@ -154,7 +171,7 @@ impl MembershipSettings {
     }
 
     fn check(&self) -> Result<(), JoinError> {
-        let Self { lease_ttl, heartbeat, fence_margin, poll, .. } = *self;
+        let (lease_ttl, heartbeat, fence_margin, poll) = (self.lease_ttl, self.heartbeat, self.fence_margin, self.poll);
         let refuse = |reason: String| Err(JoinError::Settings(reason));
         if heartbeat.is_zero() || poll.is_zero() {
             return refuse(format!("heartbeat ({heartbeat:?}) and poll ({poll:?}) must be longer than zero"));
@@ -169,6 +186,11 @@ impl MembershipSettings {
             return refuse(format!("node id {node} is out of range; it must be 0..={MAX_NODE_ID}"));
         }
         Ok(())
+    }
+
+    /// The settings every node of a cluster must share, as compared at join.
+    fn shared(&self) -> String {
+        format!("virtual_nodes={} placement={}", self.virtual_nodes, self.placement)
     }
 }
 
@@ -187,6 +209,26 @@ pub enum JoinError {
     Redis(#[from] RedisFailure),
     #[error("invalid cluster membership settings: {0}")]
     Settings(String),
+    #[error(
+        "this node's settings differ from the cluster's: {differences}. Every node of a cluster must use the same \
+         ones (the cluster took them from its first node); set this node's to the cluster's, or stop every node to \
+         change them for all"
+    )]
+    Mismatch { differences: String },
+}
+
+/// What differs between this node's shared settings and the cluster's, naming both values
+/// of each (`cluster.placement is "nginx-hash" here but "nginx-consistent" in the cluster`).
+fn differences(ours: &str, theirs: &str) -> String {
+    let value = |settings: &str, key: &str| {
+        settings.split(' ').find_map(|pair| pair.strip_prefix(key)?.strip_prefix('=')).unwrap_or("unset").to_owned()
+    };
+    let described: Vec<String> = ["virtual_nodes", "placement"]
+        .iter()
+        .filter(|key| value(ours, key) != value(theirs, key))
+        .map(|key| format!("cluster.{key} is {:?} here but {:?} in the cluster", value(ours, key), value(theirs, key)))
+        .collect();
+    if described.is_empty() { format!("{ours:?} here but {theirs:?} in the cluster") } else { described.join("; ") }
 }
 
 /// Cluster membership on Redis: this node's lease, kept by a heartbeat, and the ring of the
@@ -255,26 +297,33 @@ impl RedisMembership {
     ) -> Result<Arc<Self>, JoinError> {
         settings.check()?;
         let registry = Registry::new(redis, &prefix);
-        let holder = registry::holder_value(settings.advertise, &format!("{:032x}", rand::random::<u128>()));
+        let instance = format!("{:032x}", rand::random::<u128>());
+        let holder = registry::holder_value(settings.advertise, &instance, settings.client.as_deref());
+        let shared_settings = settings.shared();
         let sent = Instant::now();
         let max_node = u32::from(MAX_NODE_ID);
-        let (node, generation, listing) =
-            match registry.join(settings.pinned, max_node, &holder, settings.epoch_floor, settings.lease_ttl).await? {
-                Joined::Took { node, generation, listing } => (node, generation, listing),
-                Joined::Clash { node, holder } => {
-                    let holder =
-                        registry::address(&holder).map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
-                    return Err(JoinError::Clash { node, holder });
-                }
-                Joined::Full => return Err(JoinError::Full),
-            };
+        let (node, generation, listing) = match registry
+            .join(settings.pinned, max_node, &holder, settings.epoch_floor, settings.lease_ttl, &shared_settings)
+            .await?
+        {
+            Joined::Took { node, generation, listing } => (node, generation, listing),
+            Joined::Clash { node, holder } => {
+                let holder =
+                    registry::address(&holder).map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
+                return Err(JoinError::Clash { node, holder });
+            }
+            Joined::Full => return Err(JoinError::Full),
+            Joined::Mismatch { settings: theirs } => {
+                return Err(JoinError::Mismatch { differences: differences(&shared_settings, &theirs) });
+            }
+        };
         let lease = LeaseClock::new(sent, settings.lease_ttl - settings.fence_margin);
         tracing::info!(%node, epoch = listing.epoch, members = listing.members.len(), "joined the cluster");
         let shared = Arc::new(Shared {
             registry,
             node,
             holder,
-            current: ArcSwap::from_pointee(snapshot(&listing, settings.virtual_nodes)),
+            current: ArcSwap::from_pointee(snapshot(&listing, settings.virtual_nodes, settings.placement)),
             epoch: watch::Sender::new(listing.epoch),
             fenced: watch::Sender::new(!lease.holds()),
             data_lost: watch::Sender::new(0),
@@ -310,6 +359,12 @@ impl RedisMembership {
     /// `/admin/cluster`).
     pub fn members(&self) -> Vec<(NodeId, SocketAddr)> {
         self.shared.current.load().members.iter().filter_map(|m| Some((m.node, m.address?))).collect()
+    }
+
+    /// The live members and where clients reach them (`host:port`, `None` for none), as of
+    /// the last view, by node id.
+    pub fn client_addresses(&self) -> Vec<(NodeId, Option<String>)> {
+        self.shared.current.load().members.iter().map(|m| (m.node, m.client.clone())).collect()
     }
 
     /// The epoch in force, updated whenever a new ring replaces the last.
@@ -448,6 +503,21 @@ mod tests {
         assert!(pinned.check().expect_err("out of range").to_string().contains("0..=1023"));
         let still = MembershipSettings { poll: Duration::ZERO, ..settings() };
         assert!(still.check().is_err());
+    }
+
+    #[test]
+    fn a_mismatch_names_both_values_of_each_setting_that_differs() {
+        let ours = MembershipSettings { placement: Placement::NginxHash, ..settings() }.shared();
+        let theirs = MembershipSettings { placement: Placement::NginxConsistent, ..settings() }.shared();
+        let error = JoinError::Mismatch { differences: differences(&ours, &theirs) }.to_string();
+        assert!(
+            error.contains(r#"cluster.placement is "nginx-hash" here but "nginx-consistent" in the cluster"#),
+            "{error}"
+        );
+        assert!(!error.contains("virtual_nodes"), "{error}");
+        let theirs = MembershipSettings { virtual_nodes: 100, ..settings() }.shared();
+        let error = differences(&settings().shared(), &theirs);
+        assert_eq!(error, r#"cluster.virtual_nodes is "160" here but "100" in the cluster"#);
     }
 
     #[test]

@@ -35,10 +35,10 @@ use crate::cluster::{KeyPrefix, RedisFailure};
 use crate::model::NodeId;
 
 /// Functions every script shares. KEYS[1] the leases (sorted set: node → expiry ms),
-/// KEYS[2] the holders (hash: node → `<advertise>|<instance>`), KEYS[3] the epoch, KEYS[4]
-/// the generation.
+/// KEYS[2] the holders (hash: node → `<advertise>|<instance>|<client>`), KEYS[3] the epoch,
+/// KEYS[4] the generation, KEYS[5] the settings the cluster's nodes share.
 const PRELUDE: &str = "
-local leases, holders, epoch, generation = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local leases, holders, epoch, generation, settings = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local function current_generation(candidate)
   redis.call('SET', generation, candidate, 'NX')
   return redis.call('GET', generation)
@@ -74,14 +74,24 @@ end
 
 /// ARGV[1] the pinned node or '', ARGV[2] the highest node id, ARGV[3] the holder value,
 /// ARGV[4] the TTL in ms, ARGV[5] a generation to name the data set by if it has none,
-/// ARGV[6] the epoch to count from at least.
+/// ARGV[6] the epoch to count from at least, ARGV[7] the shared settings of the joining node.
 /// Returns {0, node, generation, listing} when taken, {1, node, holder, listing} when a live
-/// lease holds the pinned node, {2, 0, '', listing} when none is free.
+/// lease holds the pinned node, {2, 0, '', listing} when none is free, {3, 0, settings,
+/// listing} when the live nodes' shared settings differ from the joining node's. With no
+/// live node, the joining node's settings become the cluster's.
 static JOIN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{PRELUDE}
 local now = now_ms()
 local purged = purge(now)
+local agreed = redis.call('GET', settings)
+if redis.call('ZCARD', leases) == 0 or not agreed then
+  redis.call('SET', settings, ARGV[7])
+elseif agreed ~= ARGV[7] then
+  local at = current_epoch()
+  if purged > 0 then at = bump(0) end
+  return {{3, 0, agreed, listing(at)}}
+end
 local node = ARGV[1]
 local refused, holder = nil, ''
 if node ~= '' then
@@ -161,13 +171,16 @@ return listing(current_epoch())"
 type RawListing = (u64, Vec<(u32, Option<String>)>);
 
 /// One live member of the cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Member {
     /// Its node id.
     pub node: NodeId,
     /// Where peers connect to it; `None` if its holder entry could not be read (it still
     /// counts on the ring, so that every node builds the same one).
     pub address: Option<SocketAddr>,
+    /// Where clients reach it (`host:port`), as nginx's upstream lists it; `None` when it
+    /// has none (a wildcard `listen` without `cluster.client_url`).
+    pub client: Option<String>,
 }
 
 /// The live members under one epoch.
@@ -183,7 +196,11 @@ impl Listing {
     fn from_raw((epoch, raw): RawListing) -> Self {
         let mut members: Vec<Member> = raw
             .into_iter()
-            .map(|(node, holder)| Member { node: NodeId(node), address: holder.as_deref().and_then(address) })
+            .map(|(node, holder)| Member {
+                node: NodeId(node),
+                address: holder.as_deref().and_then(address),
+                client: holder.as_deref().and_then(client_address),
+            })
             .collect();
         members.sort_by_key(|member| member.node);
         Self { epoch, members }
@@ -199,6 +216,8 @@ pub(super) enum Joined {
     Clash { node: NodeId, holder: String },
     /// Every node id is leased.
     Full,
+    /// The live nodes share `settings`, which are not the joining node's.
+    Mismatch { settings: String },
 }
 
 /// What a renew came to.
@@ -216,13 +235,19 @@ pub(super) enum Renewed {
 pub(super) struct Registry {
     /// Shared with the node's other Redis seams.
     redis: RedisConnection,
-    /// `node:{cluster}:` `leases`, `holders`, `epoch` and `generation`.
-    keys: [String; 4],
+    /// `node:{cluster}:` `leases`, `holders`, `epoch`, `generation` and `settings`.
+    keys: [String; 5],
 }
 
 impl Registry {
     pub(super) fn new(redis: RedisConnection, prefix: &KeyPrefix) -> Self {
-        let keys = [prefix.node_leases(), prefix.node_holders(), prefix.cluster_epoch(), prefix.cluster_generation()];
+        let keys = [
+            prefix.node_leases(),
+            prefix.node_holders(),
+            prefix.cluster_epoch(),
+            prefix.cluster_generation(),
+            prefix.cluster_settings(),
+        ];
         Self { redis, keys }
     }
 
@@ -236,7 +261,7 @@ impl Registry {
 
     /// Takes `pinned`, or the lowest free id up to `max_node`, for `holder`, with a lease of
     /// `ttl` (also the longest it waits for Redis); the epoch it moves to is above
-    /// `epoch_floor`.
+    /// `epoch_floor`. Refused when the live nodes share other `settings`.
     pub(super) async fn join(
         &self,
         pinned: Option<NodeId>,
@@ -244,6 +269,7 @@ impl Registry {
         holder: &str,
         epoch_floor: u64,
         ttl: Duration,
+        settings: &str,
     ) -> Result<Joined, RedisFailure> {
         let mut join = self.prepare(&JOIN);
         join.arg(pinned.map(|node| node.to_string()).unwrap_or_default())
@@ -251,12 +277,14 @@ impl Registry {
             .arg(holder)
             .arg(millis(ttl))
             .arg(new_generation())
-            .arg(epoch_floor);
+            .arg(epoch_floor)
+            .arg(settings);
         let (status, node, text, listing): (u8, u32, String, RawListing) =
             self.redis.invoke("membership join", ttl, &join).await?;
         Ok(match status {
             0 => Joined::Took { node: NodeId(node), generation: text, listing: Listing::from_raw(listing) },
             1 => Joined::Clash { node: NodeId(node), holder: text },
+            3 => Joined::Mismatch { settings: text },
             _ => Joined::Full,
         })
     }
@@ -304,14 +332,20 @@ impl Registry {
     }
 }
 
-/// The value of a holder entry: where peers reach the node, and which instance holds it.
-pub(super) fn holder_value(advertise: SocketAddr, instance: &str) -> String {
-    format!("{advertise}|{instance}")
+/// The value of a holder entry: where peers reach the node, which instance holds it, and
+/// where clients reach it (`host:port`, empty when it has no client address).
+pub(super) fn holder_value(advertise: SocketAddr, instance: &str, client: Option<&str>) -> String {
+    format!("{advertise}|{instance}|{}", client.unwrap_or_default())
 }
 
 /// The advertised address in a holder value (an address holds no `|`).
 pub(super) fn address(holder: &str) -> Option<SocketAddr> {
     holder.split_once('|').and_then(|(address, _)| address.parse().ok())
+}
+
+/// The client address in a holder value; `None` when empty or written by an older node.
+pub(super) fn client_address(holder: &str) -> Option<String> {
+    holder.splitn(3, '|').nth(2).filter(|client| !client.is_empty()).map(str::to_owned)
 }
 
 /// A name for a data set that has none yet.
@@ -331,7 +365,12 @@ mod tests {
     fn a_holder_value_carries_the_address_of_either_family() {
         for advertise in ["10.0.0.2:7071", "[::1]:7071"] {
             let advertise: SocketAddr = advertise.parse().expect("valid");
-            assert_eq!(address(&holder_value(advertise, "00ff")), Some(advertise));
+            assert_eq!(address(&holder_value(advertise, "00ff", None)), Some(advertise));
+            let holder = holder_value(advertise, "00ff", Some("10.0.0.2:7070"));
+            assert_eq!(
+                (address(&holder), client_address(&holder).as_deref()),
+                (Some(advertise), Some("10.0.0.2:7070"))
+            );
         }
         assert_eq!(address("garbage"), None);
         assert_eq!(address(""), None);
@@ -341,7 +380,7 @@ mod tests {
     fn a_listing_is_sorted_and_keeps_members_without_an_address() {
         let listing = Listing::from_raw((4, vec![(3, Some("10.0.0.3:1|a".into())), (1, None)]));
         assert_eq!(listing.epoch, 4);
-        assert_eq!(listing.members[0], Member { node: NodeId(1), address: None });
+        assert_eq!(listing.members[0], Member { node: NodeId(1), address: None, client: None });
         assert_eq!(listing.members[1].address, "10.0.0.3:1".parse().ok());
     }
 }

@@ -8,6 +8,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::registry::{self, Listing, Renewed};
 use super::{COMPLAIN_EVERY, Shared, Snapshot};
+use crate::config::Placement;
+use crate::routing::placement::Homes;
 use crate::routing::ring::Ring;
 use crate::routing::topology::RingView;
 use crate::telemetry::Throttle;
@@ -137,7 +139,8 @@ impl Shared {
         if listing.epoch <= in_force {
             return if listing.epoch == in_force { Installed::Same } else { Installed::Older };
         }
-        let previous = self.current.swap(Arc::new(snapshot(listing, self.settings.virtual_nodes)));
+        let previous =
+            self.current.swap(Arc::new(snapshot(listing, self.settings.virtual_nodes, self.settings.placement)));
         let now = Instant::now();
         let mut last_seen = self.last_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for member in &previous.members {
@@ -156,9 +159,11 @@ impl Shared {
     }
 }
 
-/// The ring of `listing`'s members.
-pub(super) fn snapshot(listing: &Listing, virtual_nodes: u32) -> Snapshot {
+/// The ring of `listing`'s members, and the homes `placement` gives their client addresses.
+pub(super) fn snapshot(listing: &Listing, virtual_nodes: u32, placement: Placement) -> Snapshot {
     let nodes: Vec<u32> = listing.members.iter().map(|member| member.node.0).collect();
-    let view = RingView { epoch: listing.epoch, ring: Ring::new(&nodes, virtual_nodes) };
+    let upstream = listing.members.iter().filter_map(|member| Some((member.node, member.client.clone()?))).collect();
+    let homes = Homes::new(placement, upstream);
+    let view = RingView { epoch: listing.epoch, ring: Ring::new(&nodes, virtual_nodes), homes };
     Snapshot { view: Arc::new(view), members: listing.members.clone() }
 }
