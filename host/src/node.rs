@@ -175,6 +175,7 @@ impl Node {
             Arc::clone(&plugins.host),
             intake,
         ));
+        gateway.check_homes(Arc::clone(&seams.router));
         let maps = sizes::Maps {
             gateway: Arc::clone(&gateway),
             delivery: Arc::clone(&delivery),

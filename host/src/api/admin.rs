@@ -71,12 +71,14 @@ pub async fn series(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result
 pub struct RouteQuery {
     user: String,
     conversation: Option<String>,
-    /// `send` (the default), `sync`, `history`, `subscribe`, …
+    /// `send` (the default), `sync`, `history`, `subscribe`, …, or `connect`.
     command: Option<String>,
 }
 
 /// `GET /admin/route?user=U&conversation=C&command=send`: the routing key the route-key
-/// hook (or the built-in default) gives that command, and the node owning it.
+/// hook (or the built-in default) gives that command, and the node owning it. With
+/// `command=connect`: the user's home node as `owner` (where nginx sends its connections
+/// under `cluster.placement`; `null` without placement).
 pub async fn route(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
@@ -92,6 +94,13 @@ pub async fn route(
         .map(ConversationId::parse)
         .transpose()
         .map_err(|error| invalid(error.to_string()))?;
+    if query.command.as_deref() == Some("connect") {
+        let routed = node.router.home(&user);
+        let placement = node.router.topology().view().homes.placement().name();
+        return Ok(Json(json!({
+            "key": routed.key, "owner": routed.owner, "this_node": node.this_node(), "placement": placement
+        })));
+    }
     let command = match query.command.as_deref().unwrap_or("send") {
         "send" => CommandKind::Send,
         "deliver_ack" => CommandKind::DeliverAck,
@@ -102,7 +111,8 @@ pub async fn route(
         "announce" => CommandKind::Announce,
         other => {
             return Err(invalid(format!(
-                "unknown command {other:?}; use send, deliver_ack, sync, history, subscribe, unsubscribe or announce"
+                "unknown command {other:?}; use send, deliver_ack, sync, history, subscribe, unsubscribe, announce \
+                 or connect"
             )));
         }
     };
@@ -110,17 +120,26 @@ pub async fn route(
     Ok(Json(json!({ "key": routed.key, "owner": routed.owner, "this_node": node.this_node() })))
 }
 
-/// `GET /admin/cluster`: this node, the nodes on the ring and how they share it; in
-/// cluster mode also the live members with their addresses, this node's lease and its
-/// circuit breakers (on Redis, and on each peer it called). Embedded
-/// mode is one node owning every key.
+/// `GET /admin/cluster`: this node, the nodes on the ring and how they share it, and
+/// placement (nginx's upstream, its digest, connections away from home and requests from
+/// a stale nginx); in cluster mode also the live members with their addresses, this node's
+/// lease and its circuit breakers (on Redis, and on each peer it called). Embedded mode is
+/// one node owning every key.
 pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     let view = node.router.topology().view();
     let ring = &view.ring;
     let nodes = ring.nodes().iter().map(|id| json!({ "id": id, "points": ring.points_of(*id) })).collect::<Vec<_>>();
+    let placement = node.gateway.homes.get().map(|homes| {
+        let mut status = json!(homes.status());
+        // What `herald cluster nginx-conf` sizes nginx's timeouts by.
+        status["heartbeat_ms"] = json!(node.config.gateway.heartbeat_ms);
+        status
+    });
     Ok(Json(match &node.cluster {
-        None => json!({ "mode": "embedded", "this_node": node.this_node(), "epoch": view.epoch, "nodes": nodes }),
+        None => json!({
+            "mode": "embedded", "this_node": node.this_node(), "epoch": view.epoch, "nodes": nodes, "placement": placement
+        }),
         Some(cluster) => {
             let status = cluster.status();
             let members = status.members.iter().map(|(id, address)| json!({ "id": id, "advertise": address }));
@@ -132,6 +151,7 @@ pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Resul
                 "members": members.collect::<Vec<_>>(),
                 "lease": { "held": status.holds_lease, "advertise": status.advertise, "peer_listen": status.peer_listen },
                 "breakers": status.breakers,
+                "placement": placement,
             })
         }
     }))

@@ -22,6 +22,7 @@ pub mod connection;
 pub mod delay;
 mod dispatch;
 mod heartbeat;
+pub mod homes;
 pub mod intake;
 pub mod redirect;
 mod writer;
@@ -38,6 +39,7 @@ use std::time::Duration;
 use axum::Extension;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, State};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use futures_util::StreamExt;
 use futures_util::stream::{SplitSink, SplitStream};
@@ -54,10 +56,12 @@ use crate::plugins::PluginHost;
 use crate::routing::RouteTable;
 
 use crate::routing::Route;
+use crate::routing::router::Router;
 use auth::Authenticator;
 use connection::{CloseReason, Connection, Connections, close};
 use dispatch::{next_frame, read_loop};
 use heartbeat::Heartbeat;
+use homes::HomeCheck;
 use intake::{ConnectionPermit, FrameBudget, Intake, SendBudget};
 use redirect::Redirects;
 use writer::{close_now, write_loop};
@@ -67,8 +71,12 @@ use writer::{close_now, write_loop};
 pub async fn upgrade(
     State(gateway): State<Arc<Gateway>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> Response {
+    if let (Some(homes), Some(digest)) = (gateway.homes.get(), headers.get(homes::UPSTREAM_HEADER)) {
+        homes.upstream_seen(digest.to_str().unwrap_or("(not text)"), gateway.clock.now_ms());
+    }
     let ip = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
     let permit = match gateway.intake.open_connection(ip) {
         Ok(permit) => permit,
@@ -108,6 +116,9 @@ pub struct Gateway {
     draining: AtomicBool,
     /// Where the connections are sent at shutdown; set once, by [`drain`](Self::drain).
     redirects: OnceLock<Redirects>,
+    /// Counts connections away from their home node; set once, where the node is
+    /// assembled ([`check_homes`](Self::check_homes)).
+    pub homes: OnceLock<HomeCheck>,
 }
 
 impl Gateway {
@@ -137,7 +148,14 @@ impl Gateway {
             clock,
             draining: AtomicBool::new(false),
             redirects: OnceLock::new(),
+            homes: OnceLock::new(),
         }
+    }
+
+    /// Counts the connections that land away from the home `router`'s topology gives
+    /// them, and the upgrades routed by a stale nginx upstream.
+    pub fn check_homes(&self, router: Arc<Router>) {
+        let _ = self.homes.set(HomeCheck::new(router));
     }
 
     /// This node.
@@ -336,6 +354,9 @@ async fn attach(
     );
     tokio::spawn(write_loop(sink, Arc::clone(connection), heartbeat, encoding, Arc::clone(&gateway.clock)));
     let this_node = gateway.this_node();
+    if let Some(homes) = gateway.homes.get() {
+        homes.logged_in(&session.user, this_node);
+    }
     connection.push(Frame::new(
         rid,
         v1::Connected {

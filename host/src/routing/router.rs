@@ -69,6 +69,12 @@ impl Router {
         Box::pin(self.plugins.route_key(&request)).await
     }
 
+    /// Where `user`'s connections are meant to land: the key is the user, the owner its home
+    /// node (`None` without `cluster.placement`: any node serves it as well as another).
+    pub fn home(&self, user: &UserId) -> Routed {
+        Routed { key: user.to_string(), owner: self.topology.view().home(user.as_str()) }
+    }
+
     /// Who owns a send of `user` to `conversation` (the hook is asked only when a plugin
     /// provides it: the built-in key is the conversation), with the epoch of the view that
     /// decided it when it is this node.
