@@ -35,6 +35,26 @@ enum Command {
     /// Write or check plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Tools for a cluster of nodes.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCommand {
+    /// Print an nginx config that sends each user's connections to its home node
+    /// (cluster.placement), made from a live node's view of the cluster.
+    NginxConf {
+        /// A live node's HTTP address, e.g. http://10.0.0.1:7070.
+        #[arg(long)]
+        url: String,
+        /// An admin key of that node.
+        #[arg(long, env = "HERALD_ADMIN_KEY")]
+        key: String,
+        /// nginx's `listen` directive (`80`, `0.0.0.0:8080`).
+        #[arg(long, default_value = "80")]
+        listen: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -143,6 +163,7 @@ fn main() -> ExitCode {
         }),
         Command::Migrate(args) => runtime(0).and_then(|runtime| runtime.block_on(migrate(&args))),
         Command::Plugin(command) => runtime(0).and_then(|runtime| runtime.block_on(plugin(command))),
+        Command::Cluster(command) => runtime(1).and_then(|runtime| runtime.block_on(cluster(command))),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -245,6 +266,19 @@ async fn plugin(command: PluginCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `herald cluster …`.
+#[allow(clippy::print_stdout, reason = "the command's output")]
+async fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
+    use herald_host::cluster::nginx_conf::{Frontend, fetch, render};
+    match command {
+        ClusterCommand::NginxConf { url, key, listen } => {
+            let cluster = fetch(&url, &key).await?;
+            print!("{}", render(&cluster, &Frontend { listen, source: url })?);
+        }
+    }
+    Ok(())
 }
 
 /// `herald migrate`.

@@ -60,6 +60,7 @@ pub mod client_urls;
 pub mod connection;
 pub mod keys;
 pub mod membership;
+pub mod nginx_conf;
 pub mod peer;
 pub mod plugin_state;
 pub mod redis_dedup;

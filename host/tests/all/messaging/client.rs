@@ -95,7 +95,13 @@ impl Client {
     /// Opens a WebSocket offering `subprotocol` (or none); returns the client (protobuf
     /// encoding) and the subprotocol the server selected.
     pub async fn open_offering(herald: &Herald, subprotocol: Option<&str>) -> (Self, Option<String>) {
-        let mut request = herald.ws_url().into_client_request().expect("ws request");
+        Self::open_at(herald, &herald.ws_url(), subprotocol).await
+    }
+
+    /// As [`open_offering`](Self::open_offering), at `url` (a proxy in front of `herald`,
+    /// or `herald`'s own URL with a query), failures showing `herald`'s log.
+    pub async fn open_at(herald: &Herald, url: &str, subprotocol: Option<&str>) -> (Self, Option<String>) {
+        let mut request = url.into_client_request().expect("ws request");
         if let Some(protocol) = subprotocol {
             request
                 .headers_mut()
@@ -106,10 +112,8 @@ impl Client {
         let opened = tokio::time::timeout(WAIT, connecting).await;
         let (ws, response) = match opened {
             Ok(Ok(pair)) => pair,
-            Ok(Err(error)) => {
-                panic!("WebSocket handshake with {} failed: {error}\n{}", herald.ws_url(), herald.log_tail())
-            }
-            Err(_) => panic!("WebSocket handshake with {} timed out\n{}", herald.ws_url(), herald.log_tail()),
+            Ok(Err(error)) => panic!("WebSocket handshake with {url} failed: {error}\n{}", herald.log_tail()),
+            Err(_) => panic!("WebSocket handshake with {url} timed out\n{}", herald.log_tail()),
         };
         let chosen = response.headers().get("sec-websocket-protocol").and_then(|v| v.to_str().ok()).map(str::to_owned);
         let client = Self {

@@ -41,6 +41,7 @@ mod hostile;
 mod http;
 mod intake;
 mod limits;
+mod placement;
 mod plugins;
 mod reconnect;
 mod recording;

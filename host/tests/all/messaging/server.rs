@@ -56,6 +56,50 @@ impl Options {
         self
     }
 
+    /// Runs `herald serve` with these settings expecting it to refuse to start: waits for
+    /// it to exit (it must, within 30 s, and not with success) and returns what it printed.
+    pub async fn refused(self) -> String {
+        let root = tempfile::tempdir().expect("temp dir for the server");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+        command.arg("serve");
+        if self.dev {
+            command.arg("--dev");
+        }
+        let mut child = command
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(root.path().join("data"))
+            .env_remove("HERALD_CONFIG")
+            .env("RUST_LOG", "info,sqlx=warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start herald");
+        let exited = poll()
+            .within(Duration::from_secs(30))
+            .every(Duration::from_millis(25))
+            .try_until("herald to refuse to start and exit", async || child.try_wait().expect("wait for herald"))
+            .await;
+        let status = exited.unwrap_or_else(|still_running| {
+            let _ = child.kill();
+            panic!("herald was expected to refuse to start: {still_running}")
+        });
+        let mut printed = String::new();
+        for stream in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read>),
+            child.stderr.take().map(|s| Box::new(s) as _),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let mut stream = stream;
+            let _ = stream.read_to_string(&mut printed);
+        }
+        assert!(!status.success(), "herald was expected to refuse to start, but exited with success:\n{printed}");
+        printed
+    }
+
     pub async fn start(self) -> Herald {
         let root = tempfile::tempdir().expect("temp dir for the server");
         let mut herald = Herald { child: None, port: 0, options: self, root };
