@@ -683,6 +683,30 @@ mod tests {
     }
 
     #[test]
+    fn placement_is_one_of_three_names_and_needs_an_address_nginx_can_dial() {
+        let cluster = [
+            ("HERALD_CLUSTER__REDIS_URL", "redis://127.0.0.1:6379/0"),
+            ("HERALD_STORAGE__URL", "postgres://postgres@127.0.0.1/test"),
+            ("HERALD_CLUSTER__SECRET", "s3cret"),
+        ];
+        let config = Config::load_from(None, env(&cluster), &Overrides::default()).expect("defaults");
+        assert_eq!(config.cluster.placement, Placement::None);
+        let placed = [&cluster[..], &[("HERALD_CLUSTER__PLACEMENT", "nginx-consistent")]].concat();
+        let config = Config::load_from(None, env(&placed), &Overrides::default()).expect("nginx-consistent");
+        assert_eq!(config.cluster.placement, Placement::NginxConsistent);
+        let unknown = [&cluster[..], &[("HERALD_CLUSTER__PLACEMENT", "round-robin")]].concat();
+        let error = Config::load_from(None, env(&unknown), &Overrides::default()).expect_err("unknown placement");
+        for named in ["\"none\"", "\"nginx-consistent\"", "\"nginx-hash\"", "\"round-robin\""] {
+            assert!(error.to_string().contains(named), "{named} missing in: {error}");
+        }
+        let wildcard = Overrides { listen: Some("0.0.0.0:7070".parse().expect("addr")), ..Overrides::default() };
+        let error = Config::load_from(None, env(&placed), &wildcard).expect_err("no address for nginx");
+        assert!(error.to_string().contains("HERALD_CLUSTER__CLIENT_URL"), "{error}");
+        let named = [&placed[..], &[("HERALD_CLUSTER__CLIENT_URL", "ws://10.0.0.5:7070/v1/ws")]].concat();
+        assert!(Config::load_from(None, env(&named), &wildcard).is_ok(), "a client URL names the address");
+    }
+
+    #[test]
     fn cluster_mode_is_chosen_by_redis_url_and_refuses_what_cannot_work() {
         let embedded = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults");
         assert!(!embedded.cluster.enabled(), "no redis_url: embedded mode");

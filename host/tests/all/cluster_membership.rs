@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use herald_host::cluster::membership::{JoinError, MembershipSettings, RedisMembership};
+use herald_host::config::Placement;
 use herald_host::model::NodeId;
+use herald_host::routing::placement::Homes;
 use herald_host::routing::topology::Topology;
 
 use crate::redis_scratch::{Scratch, connect, partitionable_proxy};
@@ -303,4 +305,53 @@ async fn joining_through_a_redis_that_does_not_answer_fails_with_a_redis_error()
     assert!(matches!(error, JoinError::Redis(_)), "{error}");
     let message = error.to_string();
     assert!(message.starts_with("cannot join the cluster: Redis did not answer membership join"), "{message}");
+}
+
+/// Node `n` with placement: clients reach it at `127.0.0.1:<7200 + n>`.
+fn placed(n: u16, placement: Placement) -> MembershipSettings {
+    MembershipSettings { placement, client: Some(format!("127.0.0.1:{}", 7200 + n)), ..settings(n) }
+}
+
+#[tokio::test]
+async fn every_node_names_the_homes_nginx_would_over_the_members_client_addresses() {
+    let scratch = Scratch::new().await;
+    let join = |n| scratch.try_join(placed(n, Placement::NginxConsistent));
+    let (a, b) = (join(1).await.expect("a joins"), join(2).await.expect("b joins"));
+    eventually("two nodes agree", || agree(&[&a, &b])).await;
+    let users: Vec<String> = (0..1000).map(|i| format!("user-{i}")).collect();
+    let homes_of = |node: &Arc<RedisMembership>| {
+        let view = node.view();
+        users.iter().map(|user| view.home(user)).collect::<Vec<_>>()
+    };
+    // The upstream nginx would be given: the client addresses in the order of node ids.
+    let mut upstream = vec![(a.this_node(), "127.0.0.1:7201".to_owned()), (b.this_node(), "127.0.0.1:7202".to_owned())];
+    upstream.sort();
+    let expected = Homes::new(Placement::NginxConsistent, upstream.clone());
+    assert_eq!(a.view().homes.upstream(), upstream.as_slice());
+    assert_eq!(a.view().homes.digest(), expected.digest());
+    assert_eq!(homes_of(&a), users.iter().map(|user| expected.home(user)).collect::<Vec<_>>());
+    assert_eq!(homes_of(&a), homes_of(&b), "both nodes name the same homes");
+    let before = homes_of(&a);
+
+    // A third node: the users that move, move to it; the homes are those of the new upstream.
+    let c = join(3).await.expect("c joins");
+    eventually("three nodes agree", || agree(&[&a, &b, &c])).await;
+    let after = homes_of(&b);
+    assert_eq!(after, homes_of(&c));
+    let moved = before.iter().zip(&after).filter(|(old, new)| old != new).count();
+    assert!(before.iter().zip(&after).all(|(old, new)| old == new || *new == Some(c.this_node())));
+    assert!((200..480).contains(&moved), "{moved} of 1000 users moved to the third node");
+
+    // Settings every node must share are checked at join.
+    let refused = scratch.try_join(placed(4, Placement::NginxHash)).await.err().expect("another placement");
+    assert!(matches!(refused, JoinError::Mismatch { .. }), "{refused}");
+    let refused = scratch.try_join(MembershipSettings { virtual_nodes: 100, ..placed(4, Placement::NginxConsistent) });
+    let message = refused.await.err().expect("other ring points").to_string();
+    assert!(message.contains(r#"cluster.virtual_nodes is "100" here but "160" in the cluster"#), "{message}");
+    leave_all(&[&a, &b, &c]).await;
+
+    // With no live node left, the next node's settings become the cluster's.
+    let fresh = scratch.try_join(placed(5, Placement::NginxHash)).await.expect("an empty cluster takes new settings");
+    assert_eq!(fresh.view().homes.placement(), Placement::NginxHash);
+    leave_all(&[&fresh]).await;
 }
