@@ -11,6 +11,7 @@
 #
 #   scripts/heartbeat-bench.sh
 #   DEVICES=5000 WINDOW=70 scripts/heartbeat-bench.sh      # a shorter run
+#   RUNS=defaults scripts/heartbeat-bench.sh                # the defaults only
 #
 # DEVICES defaults to what one process may hold here (each of Herald and herald-idle keeps
 # one file descriptor per connection, within `ulimit -Hn`). WINDOW defaults to 210 s: a
@@ -85,7 +86,12 @@ run() {
 if [ -n "${BASELINE_BIN:-}" ]; then
     herald_bin=$BASELINE_BIN run "$(basename "$BASELINE_BIN") at its defaults, every ping answered" all
 fi
-run "a ping every 30 s, every ping answered (the contract before)" all HERALD_GATEWAY__HEARTBEAT_MS=30000
-run "defaults: a frame at least every 12 s, pongs when asked" asked
+runs=${RUNS:-before defaults}
+case " $runs " in *" before "*)
+    run "a ping every 30 s, every ping answered (the contract before)" all HERALD_GATEWAY__HEARTBEAT_MS=30000 ;;
+esac
+case " $runs " in *" defaults "*)
+    run "defaults: a frame at least every 12 s, pongs when asked" asked ;;
+esac
 say "summary, $devices idle devices, $(nproc) cores:"
 printf '%s\n' "${results[@]}" >&2

@@ -14,7 +14,7 @@ pub struct GatewayConfig {
     /// server, so it bounds how soon they notice one.
     pub heartbeat_ms: u64,
     /// A connection from which no frame came for this many ms is closed (1000). The server's
-    /// pings ask for a `pong` two heartbeats before it runs out, so an idle client that
+    /// pings ask for a `pong` from three heartbeats before it runs out, so an idle client that
     /// answers stays. It is also how long a route lives in Redis unless its node refreshes
     /// it. At least three heartbeats.
     pub client_timeout_ms: u64,
@@ -109,7 +109,7 @@ impl GatewayConfig {
         if self.client_timeout_ms < self.heartbeat_ms.saturating_mul(3) {
             return Err(format!(
                 "gateway.client_timeout_ms {} must be at least three heartbeats (3 × gateway.heartbeat_ms {}): the \
-                 server asks an idle client for an answer two heartbeats before its timeout",
+                 server asks an idle client for an answer from three heartbeats before its timeout",
                 self.client_timeout_ms, self.heartbeat_ms
             ));
         }

@@ -6,8 +6,11 @@
 //! Any frame the server writes is a sign of life, so a busy connection gets no pings; an
 //! idle one gets one per `heartbeat`. Only a ping that asks (`reply`) wants a `pong`, and
 //! the server asks only when the client has been silent long enough that its timeout
-//! nears: two heartbeats before it, so that one lost or late answer is asked for again in
-//! time. A frequent heartbeat then costs a write per interval, not a write and a read.
+//! nears: an idle connection's ping asks once the silence is three heartbeats short of
+//! the timeout (so one of its regular pings asks, never an extra one), a busy connection
+//! gets a ping that asks two heartbeats short of it, and an ask not answered is repeated a
+//! heartbeat later, in time for the timeout. A frequent heartbeat then costs a write per
+//! interval, not a write and a read.
 //!
 //! Pings are sent a little early, at the start of the node-wide slot of `grain` their
 //! moment falls in, so that the idle connections' pings go out together: a worker woken
@@ -22,8 +25,10 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub(super) struct Heartbeat {
     every: Duration,
-    /// A silence from the client at least this long makes a ping ask for a `pong`.
+    /// A silence from the client at least this long makes a regular ping ask for a `pong`.
     ask_after: Duration,
+    /// A silence this long gets a ping that asks, due or not (a busy connection's).
+    ask_by: Duration,
     /// How much earlier than its moment a ping may go, to share a slot with others.
     grain: Duration,
     wrote_at: Instant,
@@ -37,16 +42,17 @@ pub(super) struct Due {
 }
 
 impl Heartbeat {
-    /// Pings after `every` without a write; asks for an answer two intervals before
-    /// `client_timeout` (at once, for a timeout of two intervals or less). Each moment may
-    /// come up to a twentieth of `every` early (at most [`MAX_GRAIN`]).
+    /// Pings after `every` without a write; asks for an answer from three intervals before
+    /// `client_timeout` on (a busy connection from two before). Each moment may come up to
+    /// a twentieth of `every` early (at most [`MAX_GRAIN`]).
     pub(super) fn new(every: Duration, client_timeout: Duration, now: Instant) -> Self {
         Self::with_grain(every, client_timeout, (every / 20).min(MAX_GRAIN), now)
     }
 
     fn with_grain(every: Duration, client_timeout: Duration, grain: Duration, now: Instant) -> Self {
-        let ask_after = client_timeout.saturating_sub(every.saturating_mul(2));
-        Self { every, ask_after, grain, wrote_at: now, asked_at: None }
+        let ask_after = client_timeout.saturating_sub(every.saturating_mul(3));
+        let ask_by = client_timeout.saturating_sub(every.saturating_mul(2));
+        Self { every, ask_after, ask_by, grain, wrote_at: now, asked_at: None }
     }
 
     /// Frames were written at `now`.
@@ -56,16 +62,19 @@ impl Heartbeat {
 
     /// Whether to ping at `now`, the client last heard at `heard_at`.
     pub(super) fn due(&mut self, now: Instant, heard_at: Instant) -> Option<Due> {
-        if now + self.grain >= self.ask_moment(heard_at) {
+        let early = now + self.grain;
+        let reply = if early >= self.wrote_at + self.every {
+            early >= heard_at + self.ask_after
+        } else if early >= self.ask_moment(heard_at) {
+            true
+        } else {
+            return None;
+        };
+        if reply {
             self.asked_at = Some(now);
-            self.wrote_at = now;
-            return Some(Due { reply: true });
         }
-        if now + self.grain >= self.wrote_at + self.every {
-            self.wrote_at = now;
-            return Some(Due { reply: false });
-        }
-        None
+        self.wrote_at = now;
+        Some(Due { reply })
     }
 
     /// The next moment [`Heartbeat::due`] may say to ping: the writer sleeps until then.
@@ -76,13 +85,12 @@ impl Heartbeat {
         slot_after(moment.checked_sub(self.grain).unwrap_or(moment), self.grain)
     }
 
-    /// When an answer is wanted: once the client has been silent for `ask_after`, and a
-    /// heartbeat after the last ask that came no answer since.
+    /// When a ping that asks is due whether or not the connection is idle: once the client
+    /// has been silent for `ask_by`, or a heartbeat after an ask no answer followed.
     fn ask_moment(&self, heard_at: Instant) -> Instant {
-        let silent = heard_at + self.ask_after;
         match self.asked_at {
-            Some(asked) if asked >= heard_at => silent.max(asked + self.every),
-            _ => silent,
+            Some(asked) if asked >= heard_at => asked + self.every,
+            _ => heard_at + self.ask_by,
         }
     }
 }
@@ -129,15 +137,32 @@ mod tests {
             }
         }
         let asked: Vec<u64> = pings.iter().filter(|(_, reply)| *reply).map(|(at, _)| *at).collect();
-        assert_eq!(asked, vec![70, 80, 90, 100], "asked from two intervals before the timeout, each interval");
+        assert_eq!(asked, vec![60, 70, 80, 90, 100], "asked from three intervals before the timeout, each interval");
         let every: Vec<u64> = pings.iter().map(|(at, _)| *at).collect();
         assert_eq!(every, (1..=10).map(|n| n * 10).collect::<Vec<_>>(), "one ping per interval, no more");
     }
 
     #[test]
+    fn a_client_that_answers_gets_one_ping_an_interval_and_no_more() {
+        let (mut beat, start) = beat();
+        let (mut heard, mut now) = (start, start);
+        let mut pings = Vec::new();
+        while now < start + 300 * S {
+            now = beat.next(heard);
+            if let Some(due) = beat.due(now, heard) {
+                pings.push((now - start).as_secs());
+                if due.reply {
+                    heard = now + Duration::from_millis(2);
+                }
+            }
+        }
+        assert_eq!(pings, (1..=30).map(|n| n * 10).collect::<Vec<_>>(), "the asks ride on the regular pings");
+    }
+
+    #[test]
     fn an_answer_stops_the_asking_until_the_next_long_silence() {
         let (mut beat, start) = beat();
-        assert_eq!(beat.due(start + 70 * S, start), Some(Due { reply: true }));
+        assert_eq!(beat.due(start + 70 * S, start), Some(Due { reply: true }), "a late ping asks at once");
         // The pong arrived a moment later.
         let heard = start + 70 * S + Duration::from_millis(5);
         assert_eq!(beat.due(start + 80 * S, heard), Some(Due { reply: false }), "a plain ping: heard 10 s ago");
