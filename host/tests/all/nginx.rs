@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::support::poll::poll;
 
 /// How long nginx gets to start listening.
 const START: Duration = Duration::from_secs(15);
@@ -75,23 +77,25 @@ impl Nginx {
     }
 
     async fn wait_listening(&mut self) {
-        let deadline = Instant::now() + START;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("nginx exited with {status} at start:\n{}", self.logs());
-            }
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_ok() {
-                return;
-            }
-            assert!(Instant::now() < deadline, "nginx did not listen within {START:?}:\n{}", self.logs());
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let Self { child, dir, port } = self;
+        let listening = poll()
+            .within(START)
+            .every(Duration::from_millis(20))
+            .try_until("nginx to listen", async || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("nginx exited with {status} at start:\n{}", logs_in(dir.path()));
+                }
+                tokio::net::TcpStream::connect(("127.0.0.1", *port)).await.map(drop)
+            })
+            .await;
+        if let Err(why) = listening {
+            panic!("{why}:\n{}", self.logs());
         }
     }
 
     /// nginx's error log and stderr, for failure messages.
     pub fn logs(&self) -> String {
-        let read = |name: &str| std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
-        format!("--- error.log\n{}--- stderr\n{}", read("error.log"), read("stderr.log"))
+        logs_in(self.dir.path())
     }
 }
 
@@ -100,4 +104,10 @@ impl Drop for Nginx {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The error log and stderr nginx wrote into `dir`.
+fn logs_in(dir: &std::path::Path) -> String {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    format!("--- error.log\n{}--- stderr\n{}", read("error.log"), read("stderr.log"))
 }

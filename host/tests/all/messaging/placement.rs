@@ -16,6 +16,7 @@ use super::nodes::Nodes;
 use super::server::DEV_KEY;
 use super::{WAIT, metric};
 use crate::nginx::Nginx;
+use crate::support::poll::poll;
 
 /// Users connecting through nginx, per mode.
 const USERS: usize = 1_000;
@@ -23,23 +24,24 @@ const USERS: usize = 1_000;
 /// Waits until every node's `/admin/cluster` lists `count` upstream servers under one
 /// digest; returns that placement.
 async fn agreed_placement(nodes: &Nodes, at: &[usize], count: usize) -> Value {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let mut placements = Vec::new();
-        for &node in at {
-            placements.push(nodes.cluster_of(node).await["placement"].clone());
-        }
-        let digests: std::collections::BTreeSet<String> =
-            placements.iter().map(|p| p["digest"].as_str().unwrap_or_default().to_owned()).collect();
-        if digests.len() == 1 && placements.iter().all(|p| p["upstream"].as_array().map(Vec::len) == Some(count)) {
-            return placements.swap_remove(0);
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the nodes never agreed on {count} upstream servers: {placements:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let what = format!("the nodes to agree on {count} upstream servers");
+    poll()
+        .within(WAIT)
+        .every(std::time::Duration::from_millis(50))
+        .until(&what, async || {
+            let mut placements = Vec::new();
+            for &node in at {
+                placements.push(nodes.cluster_of(node).await["placement"].clone());
+            }
+            let digests: std::collections::BTreeSet<String> =
+                placements.iter().map(|p| p["digest"].as_str().unwrap_or_default().to_owned()).collect();
+            if digests.len() == 1 && placements.iter().all(|p| p["upstream"].as_array().map(Vec::len) == Some(count)) {
+                Ok(placements.swap_remove(0))
+            } else {
+                Err(format!("{placements:?}"))
+            }
+        })
+        .await
 }
 
 /// The home node id `/admin/route` on node `asked` gives `user`.
