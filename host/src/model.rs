@@ -292,6 +292,16 @@ impl Message {
     }
 }
 
+/// Where a device stood on a connection it left, per conversation: the highest seq it acked,
+/// and, for a conversation it may lack messages of, the seq after which to read. The
+/// connection that takes over reads only those conversations, from there (reconnect grace,
+/// on this node or handed over by another).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceLedger {
+    pub acked: std::collections::BTreeMap<ConversationId, u64>,
+    pub read_after: std::collections::BTreeMap<ConversationId, u64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -531,7 +531,7 @@ impl NodeBus for RecordingBus {
         each_asked(failed)
     }
 
-    async fn kick(&self, route: &Route) -> Result<(), BusError> {
+    async fn take_over(&self, route: &Route) -> Result<Option<crate::model::DeviceLedger>, BusError> {
         Err(BusError::Unreachable(route.node))
     }
 

@@ -61,6 +61,7 @@ impl Delivery {
             return;
         }
         let Ok(_permit) = self.backfill_permits.acquire().await else { return };
+        let _running = Running::start();
         let resumed = session.take_resume();
         let full = resumed.is_none();
         metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" })
@@ -159,5 +160,23 @@ impl Delivery {
             }
         }
         true
+    }
+}
+
+/// Counts one backfill in `herald_delivery_backfills_running` for as long as it is held,
+/// however the backfill ends: a reconnect storm shows there, and so does the moment a
+/// device's backfill is over (a connection that drops before then is not resumed from).
+struct Running;
+
+impl Running {
+    fn start() -> Self {
+        metrics::gauge!("herald_delivery_backfills_running").increment(1.0);
+        Self
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        metrics::gauge!("herald_delivery_backfills_running").decrement(1.0);
     }
 }

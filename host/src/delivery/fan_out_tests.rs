@@ -270,7 +270,7 @@ async fn a_delivery_from_another_node_reaches_only_the_named_users_devices_here(
     let (_, carol_phone) = kit.connect("carol", "phone").await;
     let sent = message("grp:team", 7, "alice", "phone");
 
-    kit.delivery.deliver_here(&sent, &[user_id("bob"), user_id("bob")], Addressed::ByRoute);
+    kit.delivery.deliver_here(&sent, &[user_id("bob"), user_id("bob")], Addressed::ByRoute).await;
 
     for (who, outbox) in [("bob/phone", &bob_phone), ("bob/tablet", &bob_tablet)] {
         let seqs = outbox.delivered_seqs();
@@ -300,7 +300,7 @@ async fn a_delivery_from_another_node_for_a_user_not_here_removes_their_stale_ro
     logged_in_on(&kit, "bob", "tablet", THIS_NODE).await;
     logged_in_on(&kit, "bob", "phone", NodeId(THIS_NODE.0 + 1)).await;
 
-    kit.delivery.deliver_here(&message("grp:team", 7, "alice", "phone"), &[user_id("bob")], Addressed::ByRoute);
+    kit.delivery.deliver_here(&message("grp:team", 7, "alice", "phone"), &[user_id("bob")], Addressed::ByRoute).await;
 
     wait_for_devices(&kit, "bob", &["phone"]).await;
 }
@@ -340,10 +340,12 @@ async fn a_delivery_sent_to_every_node_takes_no_user_for_a_stale_route() {
     logged_in_on(&kit, "bob", "tablet", THIS_NODE).await;
     logged_in_on(&kit, "carol", "tablet", THIS_NODE).await;
 
-    kit.delivery.deliver_here(&message("grp:team", 7, "alice", "phone"), &[user_id("bob")], Addressed::Everywhere);
+    kit.delivery
+        .deliver_here(&message("grp:team", 7, "alice", "phone"), &[user_id("bob")], Addressed::Everywhere)
+        .await;
     // A routed one after it: once its clean-up has run, the first one's would have too (the
     // test's runtime runs spawned tasks in turn).
-    kit.delivery.deliver_here(&message("grp:team", 8, "alice", "phone"), &[user_id("carol")], Addressed::ByRoute);
+    kit.delivery.deliver_here(&message("grp:team", 8, "alice", "phone"), &[user_id("carol")], Addressed::ByRoute).await;
 
     wait_for_devices(&kit, "carol", &[]).await;
     let bob = kit.routes.devices_of(&[user_id("bob")]).await.expect("lookup");

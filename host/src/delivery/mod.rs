@@ -45,7 +45,7 @@ use filter::RecipientFilter;
 use hops::{Ask, Hop, HopRetries};
 use pull::SeqFrontier;
 use retries::{Pending, RetryTimers};
-use session::Session;
+use session::{Offered, Session};
 use sessions::Sessions;
 
 /// The repositories delivery reads and writes.
@@ -213,7 +213,7 @@ impl Delivery {
         }
         // Every device of every member in one lookup; parked sessions are found even when
         // the route table cannot be read.
-        let (routes, elsewhere, addressed) = match self.reach.routes.devices_of(&members).await {
+        let (routes, mut elsewhere, addressed) = match self.reach.routes.devices_of(&members).await {
             Ok(routes) => {
                 // Each user once per node, however many of their devices it holds.
                 let mut elsewhere: HashMap<NodeId, BTreeSet<UserId>> = HashMap::default();
@@ -238,7 +238,11 @@ impl Delivery {
         };
         let wire = self.wire_for(&message);
         for user in &members {
-            self.push_here(&message, wire.as_ref(), user, routes.get(user).map_or(&[], Vec::as_slice));
+            for node in self.push_here(&message, wire.as_ref(), user, routes.get(user).map_or(&[], Vec::as_slice)) {
+                // An old session of the user's here passes the message on to the node its
+                // device went on to, with this fan-out's other hops to that node.
+                elsewhere.entry(node).or_default().insert(user.clone());
+            }
         }
         // One hop per node, all at once.
         let hops = elsewhere.into_iter().map(|(node, users)| {
@@ -271,17 +275,41 @@ impl Delivery {
     /// are then looked up and those without a connection removed, in the background —
     /// unless the delivery was sent to every node ([`Addressed::Everywhere`]), which names
     /// users wherever they are.
-    pub fn deliver_here(self: &Arc<Self>, message: &Message, users: &[UserId], addressed: Addressed) {
+    ///
+    /// An old session here of a device that went on to another node passes the message on
+    /// to that node; this returns once it has (or could not), so a conversation's messages
+    /// reach the device's new connection in the order they came here.
+    pub async fn deliver_here(self: &Arc<Self>, message: &Message, users: &[UserId], addressed: Addressed) {
         let users: BTreeSet<&UserId> = users.iter().collect();
         let wire = self.wire_for(message);
         let mut absent = Vec::new();
+        let mut onward: HashMap<NodeId, Vec<UserId>> = HashMap::default();
         for user in users {
-            if !self.push_to_sessions(message, wire.as_ref(), user) {
+            let (here, forward) = self.push_to_sessions(message, wire.as_ref(), user);
+            if !here {
                 absent.push(user.clone());
+            }
+            for node in forward {
+                onward.entry(node).or_default().push(user.clone());
             }
         }
         if !absent.is_empty() && addressed == Addressed::ByRoute {
             self.forget_stale_routes_of(absent);
+        }
+        if onward.is_empty() {
+            return;
+        }
+        let message = Arc::new(message.clone());
+        let hops = onward.into_iter().map(|(node, users)| {
+            let message = Arc::clone(&message);
+            async move {
+                let outcome = self.reach.bus.deliver(node, Arc::clone(&message), &users, Addressed::ByRoute).await;
+                let addressed = Addressed::ByRoute;
+                outcome.map_err(|error| (error, Hop { node, message, ask: Ask::Deliver { users, addressed } }))
+            }
+        });
+        for (error, hop) in join_all(hops).await.into_iter().filter_map(Result::err) {
+            self.retry_hop(hop, &error);
         }
     }
 
@@ -323,8 +351,14 @@ impl Delivery {
     /// The devices are found by user, not by the routes' connection ids: a route read just
     /// before a device reconnected names its old connection, and the message must reach
     /// whichever of its sessions, old (parked, or passing offers to its successor) or new,
-    /// is here when it is offered.
-    fn push_here(self: &Arc<Self>, message: &Message, wire: Option<&v1::Message>, user: &UserId, routes: &[Route]) {
+    /// is here when it is offered. Returns the nodes an old session passes it on to.
+    fn push_here(
+        self: &Arc<Self>,
+        message: &Message,
+        wire: Option<&v1::Message>,
+        user: &UserId,
+        routes: &[Route],
+    ) -> Vec<NodeId> {
         for route in routes.iter().filter(|route| route.node == self.reach.this_node) {
             // A session is in place before its route is written and removed (or parked)
             // only after its route was, so a route of this node without one names a
@@ -333,14 +367,21 @@ impl Delivery {
                 self.forget_stale(route.clone());
             }
         }
-        self.push_to_sessions(message, wire, user);
+        self.push_to_sessions(message, wire, user).1
     }
 
     /// Pushes `message` to `user`'s sessions on this node: the open ones, and the parked
     /// ones, which note it as owed for their return; the sending device is skipped.
-    /// Returns whether `user` has any session here, open or parked.
-    fn push_to_sessions(self: &Arc<Self>, message: &Message, wire: Option<&v1::Message>, user: &UserId) -> bool {
+    /// Returns whether `user` has any session here, open or parked, and the nodes holding
+    /// the new connections that old sessions here pass the message on to.
+    fn push_to_sessions(
+        self: &Arc<Self>,
+        message: &Message,
+        wire: Option<&v1::Message>,
+        user: &UserId,
+    ) -> (bool, Vec<NodeId>) {
         let sessions = self.reach.sessions.here(user);
+        let mut forward = Vec::new();
         for session in &sessions {
             if message.is_from(&session.user, &session.device) {
                 continue;
@@ -348,14 +389,14 @@ impl Delivery {
             match wire {
                 None if session.is_live() => _ = session.push(sync_hint(message)),
                 None => {}
-                Some(wire) => {
-                    if let Some(session) = session.offer(&message.conversation, message.seq) {
-                        self.push_tracked(&session, &message.conversation, wire.clone(), 1);
-                    }
-                }
+                Some(wire) => match session.offer(&message.conversation, message.seq) {
+                    Offered::Push(session) => self.push_tracked(&session, &message.conversation, wire.clone(), 1),
+                    Offered::Forward(node) if !forward.contains(&node) => forward.push(node),
+                    Offered::Forward(_) | Offered::Held => {}
+                },
             }
         }
-        !sessions.is_empty()
+        (!sessions.is_empty(), forward)
     }
 
     /// A room message: to this node's subscribers, and to the other nodes with subscribers.

@@ -6,7 +6,9 @@
 //! device connects again, the new session *resumes from* the old one: it takes the old one's
 //! acks and what it owes, and from then on the old one forwards every offer to it. So a
 //! quick reconnect's backfill reads only the conversations the device may lack, not every
-//! conversation the user is in. Every decision about one session (live or not, parked,
+//! conversation the user is in. A device that comes back on another node resumes the same
+//! way: this node hands the old session's ledger over ([`Session::hand_over`]) and passes
+//! the offers that still reach the old session on to that node. Every decision about one session (live or not, parked,
 //! resumed, which seqs were pushed) is made under its one `ledger` lock, so an offer can
 //! never fall between two of them.
 
@@ -21,7 +23,7 @@ use herald_proto::v1::Frame;
 
 use super::rtt::RttEstimate;
 use crate::maps::HashMap;
-use crate::model::{ConnectionId, ConversationId, DeviceId, UserId};
+use crate::model::{ConnectionId, ConversationId, DeviceId, DeviceLedger, NodeId, UserId};
 
 /// Where a session's frames go: the gateway's socket writer for a local connection.
 ///
@@ -77,6 +79,34 @@ struct NewestPush {
     pushed_at: Instant,
 }
 
+/// What became of one offer to a session (see [`Session::offer`]).
+pub enum Offered {
+    /// Push it to this connection (the push is claimed there).
+    Push(Arc<Session>),
+    /// The device's new connection is on this node: pass the message on to it there.
+    Forward(NodeId),
+    /// Nothing to push now: the device has it, or it is noted as owed.
+    Held,
+}
+
+impl Offered {
+    /// The connection to push to, if any.
+    pub fn into_push(self) -> Option<Arc<Session>> {
+        match self {
+            Self::Push(session) => Some(session),
+            Self::Forward(_) | Self::Held => None,
+        }
+    }
+}
+
+/// The connection of the same device that took over from a session.
+enum Successor {
+    /// On this node.
+    Here(Arc<Session>),
+    /// On another node, which took the ledger over.
+    Elsewhere(NodeId),
+}
+
 /// Most conversations a connection notes as owed while it is not live; past this a
 /// reconnect falls back to a full backfill.
 pub const MAX_OWED_CONVERSATIONS: usize = 4096;
@@ -101,7 +131,7 @@ struct Ledger {
     /// Dropped, and waiting for its device to come back (reconnect grace).
     parked: bool,
     /// The connection of the same device that took over; offers go there now.
-    successor: Option<Arc<Session>>,
+    successor: Option<Successor>,
     /// Set on a connection that resumed from its predecessor: the conversations its
     /// backfill reads, each with the seq after which the device may lack messages.
     resume: Option<BTreeMap<ConversationId, u64>>,
@@ -254,33 +284,43 @@ impl Session {
         seq > self.acked_through(conversation) && self.ledger().claim(conversation, seq)
     }
 
-    /// Live fan-out offers `seq` of `conversation` to this device: returns the connection to
-    /// push it to, having claimed the push there. `None` when the device has it, or cannot
-    /// take it now — not live yet, or parked — in which case it is noted as owed. A
-    /// connection that another took over passes the offer on.
-    pub fn offer(self: &Arc<Self>, conversation: &ConversationId, seq: u64) -> Option<Arc<Session>> {
+    /// Live fan-out offers `seq` of `conversation` to this device: [`Offered::Push`] names
+    /// the connection to push it to, having claimed the push there. Nothing is pushed when
+    /// the device has it, or cannot take it now — not live yet, or parked — in which case it
+    /// is noted as owed. A connection that another took over passes the offer on: to it
+    /// here, or as [`Offered::Forward`] to the node holding it.
+    pub fn offer(self: &Arc<Self>, conversation: &ConversationId, seq: u64) -> Offered {
         if seq <= self.acked_through(conversation) {
-            return None;
+            return Offered::Held;
         }
         let mut ledger = self.ledger();
-        if let Some(successor) = ledger.successor.clone() {
-            drop(ledger);
-            return successor.offer(conversation, seq);
+        match &ledger.successor {
+            Some(Successor::Here(successor)) => {
+                let successor = Arc::clone(successor);
+                drop(ledger);
+                return successor.offer(conversation, seq);
+            }
+            Some(Successor::Elsewhere(node)) => return Offered::Forward(*node),
+            None => {}
         }
         if ledger.parked || !self.is_live() {
             ledger.owe(conversation, seq);
-            return None;
+            return Offered::Held;
         }
-        ledger.claim(conversation, seq).then(|| Arc::clone(self))
+        if ledger.claim(conversation, seq) { Offered::Push(Arc::clone(self)) } else { Offered::Held }
     }
 
-    /// The connection dropped: keep it for its device's return. False (nothing to keep)
-    /// when another connection took over already, or its backfill never finished — the
-    /// device then gets a full backfill when it returns.
+    /// The connection dropped: keep it for a while. False (nothing to keep) when another
+    /// connection of this node took over already, or its backfill never finished — the
+    /// device then gets a full backfill when it returns. One whose device went on on another
+    /// node is kept to pass on the offers that still reach it here.
     pub fn park(&self) -> bool {
         let mut ledger = self.ledger();
-        if ledger.successor.is_some() || !ledger.backfill_done {
-            return false;
+        match ledger.successor {
+            Some(Successor::Here(_)) => return false,
+            Some(Successor::Elsewhere(_)) => {}
+            None if !ledger.backfill_done => return false,
+            None => {}
         }
         ledger.parked = true;
         true
@@ -291,29 +331,54 @@ impl Session {
     /// its device may lack, this connection takes its acks and those conversations, and its
     /// backfill reads only them (see [`Session::take_resume`]); returns whether it did.
     pub fn resume_from(self: &Arc<Self>, previous: &Session) -> bool {
-        let mut old = previous.ledger();
+        match previous.take_over(Successor::Here(Arc::clone(self))) {
+            Some(ledger) => {
+                self.resume_with(ledger);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The device connected again on `node`, which takes over from this connection: from
+    /// now on every offer here is passed on there ([`Offered::Forward`]). Returns the
+    /// ledger for that node's new connection ([`Session::resume_with`]) when this one knows
+    /// all its device may lack.
+    pub fn hand_over(&self, node: NodeId) -> Option<DeviceLedger> {
+        self.take_over(Successor::Elsewhere(node))
+    }
+
+    /// Makes `successor` the connection offers go to from now on (once), and returns this
+    /// one's ledger if it knows all its device may lack.
+    fn take_over(&self, successor: Successor) -> Option<DeviceLedger> {
+        let mut old = self.ledger();
         if old.successor.is_some() {
-            return false;
+            return None;
         }
-        old.successor = Some(Arc::clone(self));
+        old.successor = Some(successor);
         if !old.backfill_done || old.overflowed {
-            return false;
+            return None;
         }
-        let acked = previous.acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut resume = BTreeMap::new();
+        let acked: BTreeMap<ConversationId, u64> =
+            self.acked.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(c, &s)| (c.clone(), s)).collect();
+        let mut read_after = BTreeMap::new();
         for (conversation, &(low, high)) in &old.claimed {
             let acked_through = acked.get(conversation).copied().unwrap_or(0);
             if high > acked_through {
-                resume.insert(conversation.clone(), acked_through.max(low.saturating_sub(1)));
+                read_after.insert(conversation.clone(), acked_through.max(low.saturating_sub(1)));
             }
         }
         for (conversation, &lowest) in &old.owed {
-            read_from(&mut resume, conversation.clone(), lowest);
+            read_from(&mut read_after, conversation.clone(), lowest);
         }
-        drop(old);
-        self.acked.lock().unwrap_or_else(|p| p.into_inner()).extend(acked);
-        self.ledger().resume = Some(resume);
-        true
+        Some(DeviceLedger { acked, read_after })
+    }
+
+    /// This new connection resumes from the ledger of the one its device left: it takes its
+    /// acks, and its backfill reads only the conversations the device may lack.
+    pub fn resume_with(&self, ledger: DeviceLedger) {
+        self.acked.lock().unwrap_or_else(|p| p.into_inner()).extend(ledger.acked);
+        self.ledger().resume = Some(ledger.read_after);
     }
 
     /// For backfill, once: the conversations to read, each with the seq to read after, when
@@ -392,19 +457,22 @@ mod tests {
     fn a_session_owing_messages_stays_closed_to_live_pushes_until_they_are_read() {
         let connection = Arc::new(connection());
         let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
-        assert!(connection.offer(&dm, 3).is_none(), "offered during backfill: owed");
-        assert!(connection.offer(&dm, 4).is_none());
+        assert!(connection.offer(&dm, 3).into_push().is_none(), "offered during backfill: owed");
+        assert!(connection.offer(&dm, 4).into_push().is_none());
 
         let owed = connection.go_live_if_nothing_owed().expect("something is owed").expect("noted");
         assert_eq!(owed, [(dm.clone(), 3)].into_iter().collect(), "read from the lowest seq owed");
         assert!(!connection.is_live(), "not live while 3 and 4 are still to be pushed from storage");
-        assert!(connection.offer(&dm, 5).is_none(), "a later message is owed too, not pushed ahead of them");
+        assert!(
+            connection.offer(&dm, 5).into_push().is_none(),
+            "a later message is owed too, not pushed ahead of them"
+        );
 
         let owed = connection.go_live_if_nothing_owed().expect("5 is owed").expect("noted");
         assert_eq!(owed, [(dm.clone(), 5)].into_iter().collect());
         assert!(connection.go_live_if_nothing_owed().is_none(), "nothing new owed: live");
         assert!(connection.is_live());
-        assert!(connection.offer(&dm, 6).is_some(), "pushed live from now on");
+        assert!(connection.offer(&dm, 6).into_push().is_some(), "pushed live from now on");
     }
 
     #[test]
@@ -466,13 +534,16 @@ mod tests {
         let old = settled(1);
         // Pushed and acked: 3 of read, 4..=5 of dm; pushed and not acked: 6 of dm.
         for (conversation, seq) in [(&read, 3), (&dm, 4), (&dm, 5), (&dm, 6)] {
-            assert!(old.offer(conversation, seq).is_some_and(|to| Arc::ptr_eq(&to, &old)));
+            assert!(old.offer(conversation, seq).into_push().is_some_and(|to| Arc::ptr_eq(&to, &old)));
         }
         old.record_ack(&read, 3);
         old.record_ack(&dm, 5);
         assert!(old.park());
-        assert!(old.offer(&grp, 9).is_none() && old.offer(&grp, 8).is_none(), "parked: noted, not pushed");
-        assert!(old.offer(&dm, 7).is_none());
+        assert!(
+            old.offer(&grp, 9).into_push().is_none() && old.offer(&grp, 8).into_push().is_none(),
+            "parked: noted, not pushed"
+        );
+        assert!(old.offer(&dm, 7).into_push().is_none());
 
         let new = connection_of(2);
         assert!(new.resume_from(&old));
@@ -483,11 +554,38 @@ mod tests {
 
         // An offer that still reaches the old connection goes to the new one: owed while it
         // is not live, pushed once it is.
-        assert!(old.offer(&grp, 10).is_none());
+        assert!(old.offer(&grp, 10).into_push().is_none());
         assert_eq!(new.go_live().expect("complete").get(&grp), Some(&10));
         new.end_claims();
-        assert!(old.offer(&grp, 11).is_some_and(|to| Arc::ptr_eq(&to, &new)));
+        assert!(old.offer(&grp, 11).into_push().is_some_and(|to| Arc::ptr_eq(&to, &new)));
         assert!(!new.resume_from(&old) && !connection_of(3).resume_from(&old), "taken over once");
+    }
+
+    #[test]
+    fn a_connection_handed_over_to_another_node_passes_every_later_offer_there() {
+        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
+        let grp = ConversationId::parse("grp:team").expect("conversation");
+        let old = settled(1);
+        for seq in [4, 5] {
+            assert!(old.offer(&dm, seq).into_push().is_some());
+        }
+        old.record_ack(&dm, 4);
+        assert!(old.park());
+        assert!(old.offer(&grp, 9).into_push().is_none(), "parked: owed");
+
+        let ledger = old.hand_over(NodeId(2)).expect("complete");
+        assert_eq!(ledger.acked, [(dm.clone(), 4)].into_iter().collect(), "its acks");
+        assert_eq!(ledger.read_after, [(dm.clone(), 4), (grp.clone(), 8)].into_iter().collect(), "what it may lack");
+        assert!(matches!(old.offer(&grp, 10), Offered::Forward(NodeId(2))), "passed on, not owed here");
+        assert!(old.offer(&dm, 4).into_push().is_none(), "acked: nothing to pass on");
+        assert!(old.hand_over(NodeId(3)).is_none(), "handed over once");
+        assert!(matches!(old.offer(&grp, 11), Offered::Forward(NodeId(2))), "to the first taker");
+
+        // An open connection handed over is kept when it closes, to pass offers on.
+        let open = settled(3);
+        assert!(open.hand_over(NodeId(2)).is_some());
+        assert!(open.park());
+        assert!(matches!(open.offer(&dm, 6), Offered::Forward(NodeId(2))));
     }
 
     #[test]
@@ -499,7 +597,7 @@ mod tests {
         assert!(!new.resume_from(&old));
         assert!(new.take_resume().is_none(), "a full backfill");
         // Offers still move on to the new connection.
-        assert!(old.offer(&dm, 4).is_none());
+        assert!(old.offer(&dm, 4).into_push().is_none());
         assert_eq!(new.go_live().expect("complete").get(&dm), Some(&4));
     }
 
@@ -508,7 +606,7 @@ mod tests {
         let connection = connection_of(1);
         for n in 0..=MAX_OWED_CONVERSATIONS {
             let conversation = ConversationId::parse(&format!("grp:g{n}")).expect("conversation");
-            assert!(connection.offer(&conversation, 1).is_none(), "not live yet");
+            assert!(connection.offer(&conversation, 1).into_push().is_none(), "not live yet");
         }
         assert!(connection.go_live().is_none(), "the noted set is incomplete");
         connection.end_claims();
@@ -522,7 +620,7 @@ mod tests {
         assert!(old.park());
         for n in 0..=MAX_OWED_CONVERSATIONS {
             let conversation = ConversationId::parse(&format!("grp:g{n}")).expect("conversation");
-            assert!(old.offer(&conversation, 1).is_none());
+            assert!(old.offer(&conversation, 1).into_push().is_none());
         }
         assert!(!connection_of(2).resume_from(&old));
     }

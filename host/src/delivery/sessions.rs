@@ -59,6 +59,14 @@ impl Sessions {
             || self.by_user.get(user).is_some_and(|sessions| sessions.parked.iter().any(|s| s.id == connection))
     }
 
+    /// The session of `connection` of `user`, open or parked.
+    pub fn find(&self, user: &UserId, connection: ConnectionId) -> Option<Arc<Session>> {
+        self.get(connection).or_else(|| {
+            let sessions = self.by_user.get(user)?;
+            sessions.parked.iter().find(|session| session.id == connection).cloned()
+        })
+    }
+
     pub fn get(&self, id: ConnectionId) -> Option<Arc<Session>> {
         self.by_id.get(&id).map(|c| Arc::clone(&c))
     }

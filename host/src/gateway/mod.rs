@@ -50,7 +50,7 @@ use crate::clock::WallClock;
 use crate::config::GatewayConfig;
 use crate::delivery::Delivery;
 use crate::delivery::session::Session;
-use crate::model::{ConnectionId, DeviceId, NodeId, UserId};
+use crate::model::{ConnectionId, DeviceId, DeviceLedger, NodeId, UserId};
 use crate::pipeline::Pipeline;
 use crate::plugins::PluginHost;
 use crate::routing::RouteTable;
@@ -178,6 +178,23 @@ impl Gateway {
         let Some(connection) = self.connections.get(route.connection) else { return false };
         connection.close(CloseReason::new(close::KICKED, "the same user and device connected again"));
         true
+    }
+
+    /// The device of `route` connected again on `node`: closes its connection here, if it
+    /// is still open, and hands the connection's ledger over (see
+    /// [`Session::hand_over`]); from now on what is offered to it here is passed on to
+    /// `node`. `None` when the connection is not here (any more), or its ledger is not
+    /// complete: the new connection then backfills in full.
+    pub fn hand_over(&self, route: &Route, node: NodeId) -> Option<DeviceLedger> {
+        let session = self.delivery.sessions().find(&route.user, route.connection)?;
+        if session.device != route.device {
+            return None;
+        }
+        // Before the close: the connection's detach then keeps the session, to pass on
+        // the offers that still reach it.
+        let ledger = session.hand_over(node);
+        self.kick(route);
+        ledger
     }
 
     /// Sends every connection (and any that finishes its handshake from now on) `go_away`,
@@ -372,8 +389,21 @@ async fn attach(
     let previous = kick_previous(gateway, session).await;
     // After the login, so that every offer reaches the old session or this one.
     let parked = gateway.delivery.sessions().unpark(&session.user, &session.device);
-    if let Some(previous) = previous.or(parked) {
-        let resumed = session.resume_from(&previous);
+    let resumed = match (previous, parked) {
+        (Previous::Here(previous), _) | (Previous::Nowhere, Some(previous)) => Some(session.resume_from(&previous)),
+        (Previous::Elsewhere(ledger), parked) => {
+            // A session of an earlier visit here passes what still reaches it on too.
+            if let Some(parked) = parked {
+                session.resume_from(&parked);
+            }
+            let resumed = ledger.map(|ledger| session.resume_with(ledger)).is_some();
+            metrics::counter!("herald_gateway_handovers_total", "resumed" => if resumed { "yes" } else { "no" })
+                .increment(1);
+            Some(resumed)
+        }
+        (Previous::Nowhere, None) => None,
+    };
+    if let Some(resumed) = resumed {
         metrics::counter!("herald_gateway_reconnects_total", "resumed" => if resumed { "yes" } else { "no" })
             .increment(1);
     }
@@ -384,9 +414,19 @@ async fn attach(
     });
 }
 
+/// The connection a login replaced.
+enum Previous {
+    /// None was.
+    Nowhere,
+    /// One of this node: its session.
+    Here(Arc<Session>),
+    /// One of another node, which handed its ledger over if it could.
+    Elsewhere(Option<DeviceLedger>),
+}
+
 /// Logs the device in; closes the connection it replaces (4009), here or on its node, and
-/// returns that connection's session when it was here.
-async fn kick_previous(gateway: &Gateway, session: &Session) -> Option<Arc<Session>> {
+/// returns that connection's session when it was here, or its ledger from its node.
+async fn kick_previous(gateway: &Gateway, session: &Session) -> Previous {
     let route = Route {
         user: session.user.clone(),
         device: session.device.clone(),
@@ -397,20 +437,23 @@ async fn kick_previous(gateway: &Gateway, session: &Session) -> Option<Arc<Sessi
     };
     let replaced = match gateway.routes.login(route).await {
         Ok(Some(replaced)) if replaced.node != gateway.this_node() || replaced.connection != session.id => replaced,
-        Ok(_) => return None,
+        Ok(_) => return Previous::Nowhere,
         Err(error) => {
             tracing::warn!(%error, "route table unavailable at login");
-            return None;
+            return Previous::Nowhere;
         }
     };
     if replaced.node != gateway.this_node() {
-        if let Err(error) = gateway.delivery.bus().kick(&replaced).await {
-            tracing::warn!(%error, "the gateway holding the replaced connection could not be told to close it");
-        }
-        return None;
+        return match gateway.delivery.bus().take_over(&replaced).await {
+            Ok(ledger) => Previous::Elsewhere(ledger),
+            Err(error) => {
+                tracing::warn!(%error, "the node holding the replaced connection could not hand it over");
+                Previous::Elsewhere(None)
+            }
+        };
     }
     gateway.kick(&replaced);
-    gateway.delivery.sessions().get(replaced.connection)
+    gateway.delivery.sessions().get(replaced.connection).map_or(Previous::Nowhere, Previous::Here)
 }
 
 /// Removes a closed connection: its route and room subscriptions go; its session is parked

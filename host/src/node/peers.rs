@@ -14,7 +14,7 @@ use crate::cluster::peer::PeerHandler;
 use crate::delivery::Delivery;
 use crate::gateway::Gateway;
 use crate::membership::Membership;
-use crate::model::{ConversationId, GroupId, Message, UserId};
+use crate::model::{ConversationId, DeviceLedger, GroupId, Message, NodeId, UserId};
 use crate::pipeline::lanes::Lanes;
 use crate::pipeline::{Admission, Pipeline};
 use crate::routing::Route;
@@ -38,15 +38,21 @@ impl PeerHandler for NodePeers {
     }
 
     async fn deliver(&self, message: Message, users: Vec<UserId>, addressed: Addressed) {
-        self.delivery.deliver_here(&message, &users, addressed);
+        self.delivery.deliver_here(&message, &users, addressed).await;
     }
 
     async fn publish_room(&self, message: Message) {
         self.delivery.push_to_room_here(&message).await;
     }
 
-    async fn kick(&self, route: Route) {
-        self.gateway.kick(&route);
+    async fn kick(&self, route: Route, hand_over: Option<NodeId>) -> Option<DeviceLedger> {
+        match hand_over {
+            Some(node) => self.gateway.hand_over(&route, node),
+            None => {
+                self.gateway.kick(&route);
+                None
+            }
+        }
     }
 
     async fn lowest_in_flight(&self, conversation: ConversationId) -> Option<u64> {

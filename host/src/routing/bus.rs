@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use herald_proto::v1;
 
 use super::Route;
-use crate::model::{ConnectionId, ConversationId, DeviceId, GroupId, Message, NodeId, UserId};
+use crate::model::{ConnectionId, ConversationId, DeviceId, DeviceLedger, GroupId, Message, NodeId, UserId};
 
 /// Where a send came from, and so where its ack must go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,8 +131,11 @@ pub trait NodeBus: Send + Sync + 'static {
     /// # Errors
     /// One error for each node that could not be asked.
     async fn publish_room(&self, nodes: &[NodeId], message: Arc<Message>) -> Result<(), Vec<BusError>>;
-    /// Has the node holding `route` close that connection (its device connected again).
-    async fn kick(&self, route: &Route) -> Result<(), BusError>;
+    /// Has the node holding `route` close that connection (its device connected again, on
+    /// this node) and hand over what it knows of the device: its ledger, when that is
+    /// complete, for the new connection to resume from; from then on it passes the messages
+    /// still offered to the old connection on to this node.
+    async fn take_over(&self, route: &Route) -> Result<Option<DeviceLedger>, BusError>;
     /// Asks `owner` for the lowest seq of `conversation` it has taken and not yet settled.
     async fn lowest_in_flight(&self, owner: NodeId, conversation: &ConversationId) -> Result<Option<u64>, BusError>;
     /// Tells every other node that `group`'s members changed, so it drops what it cached;
@@ -168,7 +171,7 @@ impl NodeBus for LocalBus {
         each_asked(nodes.iter().map(|&node| BusError::Unreachable(node)).collect())
     }
 
-    async fn kick(&self, route: &Route) -> Result<(), BusError> {
+    async fn take_over(&self, route: &Route) -> Result<Option<DeviceLedger>, BusError> {
         Err(BusError::Unreachable(route.node))
     }
 

@@ -17,7 +17,9 @@ use herald_host::breaker::{BreakerConfig, BreakerState};
 use herald_host::cluster::peer::{
     PROTOCOL_VERSION, PeerAddresses, PeerBus, PeerHandler, PeerSecret, PeerServer, PeerTimeouts,
 };
-use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, GroupId, Message, NodeId, UserId};
+use herald_host::model::{
+    ClientMsgId, ConnectionId, ConversationId, DeviceId, DeviceLedger, GroupId, Message, NodeId, UserId,
+};
 use herald_host::pipeline::{Admission, Settled};
 use herald_host::routing::Route;
 use herald_host::routing::bus::{Addressed, BusError, NodeBus, Origin, Queued, SendAck, SendRequest};
@@ -120,13 +122,23 @@ fn ack_for(request: &SendRequest) -> v1::SendAck {
     }
 }
 
+/// The ledger the recording handler hands over: acked and unacked conversations, one of
+/// them with nothing to read.
+fn handed_ledger() -> DeviceLedger {
+    let conversation = |id: &str| ConversationId::parse(id).expect("valid");
+    DeviceLedger {
+        acked: [(conversation("dm:alice:bob"), 7), (conversation("grp:team"), 3)].into_iter().collect(),
+        read_after: [(conversation("dm:alice:bob"), 7), (conversation("room:lobby"), 0)].into_iter().collect(),
+    }
+}
+
 /// One call the handler received.
 #[derive(Debug, Clone)]
 enum Recorded {
     Send(SendRequest),
     Deliver(Message, Vec<UserId>, Addressed),
     PublishRoom(Message),
-    Kick(Route),
+    Kick(Route, Option<NodeId>),
     LowestInFlight(ConversationId),
     RoutesChanged(Vec<UserId>),
     GroupChanged(GroupId),
@@ -202,8 +214,9 @@ impl PeerHandler for Recorder {
         self.record(Recorded::PublishRoom(message));
     }
 
-    async fn kick(&self, route: Route) {
-        self.record(Recorded::Kick(route));
+    async fn kick(&self, route: Route, hand_over: Option<NodeId>) -> Option<DeviceLedger> {
+        self.record(Recorded::Kick(route, hand_over));
+        hand_over.map(|_| handed_ledger())
     }
 
     async fn lowest_in_flight(&self, conversation: ConversationId) -> Option<u64> {
@@ -333,7 +346,8 @@ async fn every_bus_call_reaches_the_handler_with_exactly_what_was_given() {
     assert_eq!((ack.to, ack.rid, ack.ack), (request.origin.clone(), 12, ack_for(&request)));
     pair.bus.deliver(CALLED, Arc::clone(&message), &users, Addressed::ByRoute).await.expect("delivered");
     pair.bus.publish_room(&[CALLED], Arc::clone(&message)).await.expect("published");
-    pair.bus.kick(&route).await.expect("kicked");
+    let ledger = pair.bus.take_over(&route).await.expect("kicked");
+    assert_eq!(ledger, Some(handed_ledger()), "the ledger survives its wire form");
     assert_eq!(pair.bus.lowest_in_flight(CALLED, &conversation("dm:alice:bob")).await, Ok(Some(41)));
     assert_eq!(pair.bus.lowest_in_flight(CALLED, &conversation("room:idle")).await, Ok(None));
     pair.bus.deliver(CALLED, Arc::clone(&message), &users, Addressed::Everywhere).await.expect("delivered");
@@ -350,7 +364,7 @@ async fn every_bus_call_reaches_the_handler_with_exactly_what_was_given() {
         "{calls:?}"
     );
     assert!(matches!(&calls[2], Recorded::PublishRoom(m) if *m == *message), "{calls:?}");
-    assert!(matches!(&calls[3], Recorded::Kick(r) if *r == route), "{calls:?}");
+    assert!(matches!(&calls[3], Recorded::Kick(r, Some(to)) if *r == route && *to == CALLER), "{calls:?}");
     assert!(matches!(&calls[4], Recorded::LowestInFlight(c) if c.as_str() == "dm:alice:bob"), "{calls:?}");
     assert!(matches!(&calls[5], Recorded::LowestInFlight(c) if c.as_str() == "room:idle"), "{calls:?}");
     assert!(
@@ -474,7 +488,7 @@ async fn a_node_without_an_address_is_unreachable() {
         connected_at_ms: 0,
         parked: false,
     };
-    assert_eq!(pair.bus.kick(&route).await, Err(BusError::Unreachable(nowhere)));
+    assert_eq!(pair.bus.take_over(&route).await, Err(BusError::Unreachable(nowhere)));
     assert_eq!(pair.bus.lowest_in_flight(nowhere, &conversation("grp:x")).await, Err(BusError::Unreachable(nowhere)));
     // The nodes that can be reached still get a room message; the error names only the
     // one that could not be.
@@ -740,7 +754,7 @@ async fn malformed_requests_are_answered_with_a_failure_and_the_link_stays_open(
         unrouted: false,
     };
     let bad_conversation = wire::LowestInFlight { conversation: "chan:general".to_owned() };
-    let no_route = wire::Kick { route: None };
+    let no_route = wire::Kick { route: None, hand_over: true };
     // A send claiming to come from a connection on another node than the caller.
     let mut foreign = send_request(1, 0);
     foreign.origin.node = NodeId(7);

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::link::{CallError, Link};
 use super::{Kind, PeerAddresses, PeerSecret, PeerTimeouts, wire};
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, BreakerStatus};
-use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
+use crate::model::{ConversationId, DeviceLedger, GroupId, Message, NodeId, UserId};
 use crate::routing::Route;
 use crate::routing::bus::{Addressed, BusError, NodeBus, Queued, SendAck, SendRequest, each_asked};
 use crate::routing::cache::RouteChanges;
@@ -312,9 +312,17 @@ impl NodeBus for PeerBus {
         each_asked(join_all(calls).await.into_iter().filter_map(Result::err).collect())
     }
 
-    async fn kick(&self, route: &Route) -> Result<(), BusError> {
-        let outcome = self.call(route.node, Kind::Kick, wire::kick(route)).await?;
-        done(route.node, Kind::Kick, outcome)
+    async fn take_over(&self, route: &Route) -> Result<Option<DeviceLedger>, BusError> {
+        let node = route.node;
+        match self.call(node, Kind::Kick, wire::kick(route, true)).await? {
+            // A node that predates hand-overs, or an old connection that cannot resume.
+            Outcome::Done(_) => Ok(None),
+            Outcome::Ledger(ledger) => wire::ledger_from(ledger).map(Some).map_err(|error| BusError::Failed {
+                node,
+                reason: format!("node {node} handed over a bad ledger: {error}"),
+            }),
+            _ => Err(unexpected(node, Kind::Kick)),
+        }
     }
 
     async fn group_changed(&self, group: &GroupId) {

@@ -78,7 +78,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::model::{ConversationId, GroupId, Message, NodeId, UserId};
+use crate::model::{ConversationId, DeviceLedger, GroupId, Message, NodeId, UserId};
 use crate::pipeline::Admission;
 use crate::routing::Route;
 use crate::routing::bus::{Addressed, SendRequest};
@@ -132,7 +132,10 @@ pub trait PeerHandler: Send + Sync + 'static {
     /// Pushes a room message to this node's subscribers of its room.
     async fn publish_room(&self, message: Message);
     /// Closes the connection of `route`, held by this node (its device connected again).
-    async fn kick(&self, route: Route);
+    /// With `hand_over`, the node holding the device's new connection: returns the old
+    /// connection's ledger when it is complete, and passes the messages still offered to
+    /// the old connection on to that node from now on.
+    async fn kick(&self, route: Route, hand_over: Option<NodeId>) -> Option<DeviceLedger>;
     /// The lowest seq of `conversation` this node has taken and not yet settled.
     async fn lowest_in_flight(&self, conversation: ConversationId) -> Option<u64>;
     /// `users`' routes changed on the calling node: forget what is cached of them.

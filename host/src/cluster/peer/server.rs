@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 
 use super::frame::{self, AbortOnDrop, FrameError, MAX_FRAME_BYTES, Outgoing};
 use super::handshake::{self, Rejection};
-use super::wire::{Call, WireError};
+use super::wire::{self, Call, WireError};
 use super::{PeerHandler, PeerSecret, PeerTimeouts, ReadHalf, WriteHalf};
 use crate::maps::HashMap;
 use crate::model::{ConnectionId, NodeId};
@@ -222,10 +222,10 @@ impl PeerServer {
                 self.handler.publish_room(message).await;
                 (done, None)
             }
-            Call::Kick(route) => {
-                self.handler.kick(route).await;
-                (done, None)
-            }
+            Call::Kick(route, hand_over) => match self.handler.kick(route, hand_over).await {
+                Some(ledger) => (Outcome::Ledger(wire::ledger(&ledger)), None),
+                None => (done, None),
+            },
             Call::LowestInFlight(conversation) => {
                 (Outcome::InFlight(InFlight { seq: self.handler.lowest_in_flight(conversation).await }), None)
             }

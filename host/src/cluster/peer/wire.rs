@@ -10,7 +10,9 @@ use herald_proto::peer::v1 as wire;
 use herald_proto::peer::v1::request::Kind as WireKind;
 
 use crate::delivery::wire_message;
-use crate::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, GroupId, InvalidId, Message, NodeId, UserId};
+use crate::model::{
+    ClientMsgId, ConnectionId, ConversationId, DeviceId, DeviceLedger, GroupId, InvalidId, Message, NodeId, UserId,
+};
 use crate::routing::Route;
 use crate::routing::bus::{Addressed, Origin, SendRequest};
 
@@ -36,7 +38,9 @@ pub(super) enum Call {
     Send(SendRequest),
     Deliver(Message, Vec<UserId>, Addressed),
     PublishRoom(Message),
-    Kick(Route),
+    /// Close the route's connection; with a node, hand its ledger over to that node (the
+    /// caller, which holds the device's new connection).
+    Kick(Route, Option<NodeId>),
     LowestInFlight(ConversationId),
     RoutesChanged(Vec<UserId>),
     GroupChanged(GroupId),
@@ -52,17 +56,17 @@ impl Call {
     /// [`WireError`] naming the invalid id, the missing field, the unknown kind or the
     /// node that does not match.
     pub(super) fn decode(kind: Option<WireKind>, caller: NodeId, local: NodeId) -> Result<Self, WireError> {
-        let call = Self::parse(kind)?;
+        let call = Self::parse(kind, caller)?;
         match &call {
             Self::Send(request) if request.origin.node != caller => {
                 Err(WireError::ForeignOrigin { origin: request.origin.node, caller })
             }
-            Self::Kick(route) if route.node != local => Err(WireError::ForeignRoute { route: route.node, local }),
+            Self::Kick(route, _) if route.node != local => Err(WireError::ForeignRoute { route: route.node, local }),
             _ => Ok(call),
         }
     }
 
-    fn parse(kind: Option<WireKind>) -> Result<Self, WireError> {
+    fn parse(kind: Option<WireKind>, caller: NodeId) -> Result<Self, WireError> {
         Ok(match kind.ok_or(WireError::UnknownKind)? {
             WireKind::ForwardSend(forward) => Self::Send(SendRequest {
                 origin: origin_from(forward.origin.ok_or(WireError::Missing("origin"))?)?,
@@ -78,7 +82,10 @@ impl Call {
                 Self::Deliver(message, users, addressed)
             }
             WireKind::PublishRoom(publish) => Self::PublishRoom(message_from(publish.message)?),
-            WireKind::Kick(kick) => Self::Kick(route_from(kick.route.ok_or(WireError::Missing("route"))?)?),
+            WireKind::Kick(kick) => Self::Kick(
+                route_from(kick.route.ok_or(WireError::Missing("route"))?)?,
+                kick.hand_over.then_some(caller),
+            ),
             WireKind::LowestInFlight(ask) => Self::LowestInFlight(ConversationId::parse(&ask.conversation)?),
             WireKind::RoutesChanged(changed) => {
                 Self::RoutesChanged(changed.users.iter().map(|user| UserId::parse(user)).collect::<Result<_, _>>()?)
@@ -114,8 +121,9 @@ pub(super) fn publish_room(message: &Message) -> WireKind {
     WireKind::PublishRoom(wire::PublishRoom { message: Some(stored(message)) })
 }
 
-pub(super) fn kick(route: &Route) -> WireKind {
+pub(super) fn kick(route: &Route, hand_over: bool) -> WireKind {
     WireKind::Kick(wire::Kick {
+        hand_over,
         route: Some(wire::Route {
             user: route.user.to_string(),
             device: route.device.to_string(),
@@ -124,6 +132,41 @@ pub(super) fn kick(route: &Route) -> WireKind {
             connected_at_ms: route.connected_at_ms,
         }),
     })
+}
+
+/// A device's ledger as it travels.
+pub(super) fn ledger(ledger: &DeviceLedger) -> wire::Ledger {
+    let mut entries: Vec<wire::LedgerEntry> = ledger
+        .acked
+        .iter()
+        .map(|(conversation, &acked_through)| wire::LedgerEntry {
+            conversation: conversation.to_string(),
+            acked_through,
+            read_after: ledger.read_after.get(conversation).copied(),
+        })
+        .collect();
+    let unacked = ledger.read_after.iter().filter(|(conversation, _)| !ledger.acked.contains_key(*conversation));
+    entries.extend(unacked.map(|(conversation, &read_after)| wire::LedgerEntry {
+        conversation: conversation.to_string(),
+        acked_through: 0,
+        read_after: Some(read_after),
+    }));
+    wire::Ledger { entries }
+}
+
+/// A handed-over ledger, its conversation ids parsed again.
+pub(super) fn ledger_from(ledger: wire::Ledger) -> Result<DeviceLedger, WireError> {
+    let mut parsed = DeviceLedger::default();
+    for entry in ledger.entries {
+        let conversation = ConversationId::parse(&entry.conversation)?;
+        if let Some(read_after) = entry.read_after {
+            parsed.read_after.insert(conversation.clone(), read_after);
+        }
+        if entry.acked_through > 0 {
+            parsed.acked.insert(conversation, entry.acked_through);
+        }
+    }
+    Ok(parsed)
 }
 
 pub(super) fn routes_changed(users: &[UserId]) -> WireKind {
@@ -228,8 +271,14 @@ mod tests {
             panic!("not a publish")
         };
         assert_eq!(back, message);
-        let Ok(Call::Kick(back)) = Call::decode(Some(kick(&route)), NodeId(1), NodeId(3)) else { panic!("not a kick") };
+        let Ok(Call::Kick(back, None)) = Call::decode(Some(kick(&route, false)), NodeId(1), NodeId(3)) else {
+            panic!("not a kick")
+        };
         assert_eq!(back, route);
+        let Ok(Call::Kick(back, Some(to))) = Call::decode(Some(kick(&route, true)), NodeId(1), NodeId(3)) else {
+            panic!("not a kick with a hand-over")
+        };
+        assert_eq!((back, to), (route.clone(), NodeId(1)), "handed over to the caller");
         let Ok(Call::LowestInFlight(back)) = Call::decode(Some(lowest_in_flight(&conversation)), NodeId(1), NodeId(3))
         else {
             panic!("not a lowest_in_flight")
@@ -297,7 +346,7 @@ mod tests {
             parked: false,
         };
         assert!(matches!(
-            Call::decode(Some(kick(&route)), NodeId(1), NodeId(3)),
+            Call::decode(Some(kick(&route, true)), NodeId(1), NodeId(3)),
             Err(WireError::ForeignRoute { route: NodeId(9), local: NodeId(3) })
         ));
     }

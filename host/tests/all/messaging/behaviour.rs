@@ -105,6 +105,71 @@ async fn a_device_back_within_the_grace_is_pushed_what_was_sent_meanwhile(topolo
     world.stop().await;
 }
 
+/// A device whose connection dropped and that comes back within the reconnect grace on
+/// another node (on one node: the same one) resumes where it was: it is pushed what it had
+/// not acked and what was sent while it was away, in order, and nothing it acked; its
+/// backfill reads only what it may lack (a resumed one), never every conversation.
+async fn a_device_back_within_the_grace_on_any_node_resumes_where_it_was(topology: Topology) {
+    let world = World::start(topology, &[("GATEWAY__RECONNECT_GRACE_MS", "60000")]).await;
+    let conversation = dm("alice", "bob");
+    let places = world.places("alice", &conversation).await;
+    let mut alice = world.connect(places.sender, "alice", "laptop").await;
+    let mut bob = world.connect(places.recipient, "bob", "phone").await;
+    let read = alice.send_ok(&conversation, "read already").await;
+    bob.deliver_of(read.message_id).await;
+    bob.deliver_ack(&conversation, read.seq).await;
+    let unacked = alice.send_ok(&conversation, "pushed, not acked").await;
+    bob.deliver_of(unacked.message_id).await;
+    // The ack above reaches the server before the drop: a ping answered after it.
+    bob.ping().await;
+    world.wait_until_backfills_over().await;
+    drop(bob);
+    world.wait_until_offline("bob", "phone").await;
+    alice.send_ok(&conversation, "while away 1").await;
+    alice.send_ok(&conversation, "while away 2").await;
+    let (resumed, full) = (world.backfills("resumed").await, world.backfills("full").await);
+
+    // On three nodes, back on the node owning the conversation: neither the one it left nor
+    // the sender's.
+    let mut bob = world.connect(places.owner, "bob", "phone").await;
+    // Seq order: a push of what it acked would come first.
+    let pushed = bob.distinct_deliveries(&conversation, 3).await;
+    assert_eq!(bodies(&pushed), ["pushed, not acked", "while away 1", "while away 2"], "what it lacked, in order");
+    let after = alice.send_ok(&conversation, "welcome back").await;
+    bob.deliver_of(after.message_id).await;
+    assert_eq!(world.backfills("resumed").await, resumed + 1.0, "the reconnect resumed\n{}", world.log_tails());
+    assert_eq!(world.backfills("full").await, full, "no full backfill");
+    world.stop().await;
+}
+
+/// A device that connects again on another node while its old connection still looks
+/// alive: the old one is closed (4009) and the new one is pushed what was pushed to the old
+/// one and not acked, then what is sent after, from a resumed backfill.
+async fn a_device_back_on_another_node_before_its_drop_is_noticed_resumes(topology: Topology) {
+    let world = World::start(topology, &[]).await;
+    let conversation = dm("alice", "bob");
+    let places = world.places("alice", &conversation).await;
+    let mut alice = world.connect(places.sender, "alice", "laptop").await;
+    let mut stale = world.connect(places.recipient, "bob", "phone").await;
+    let read = alice.send_ok(&conversation, "read").await;
+    stale.deliver_of(read.message_id).await;
+    stale.deliver_ack(&conversation, read.seq).await;
+    let unacked = alice.send_ok(&conversation, "pushed to the stale socket").await;
+    stale.deliver_of(unacked.message_id).await;
+    stale.ping().await;
+    world.wait_until_backfills_over().await;
+    let resumed = world.backfills("resumed").await;
+
+    let mut bob = world.connect(places.owner, "bob", "phone").await;
+    stale.expect_close_code(4009, "the newer connection of the same device wins").await;
+    let pushed = bob.distinct_deliveries(&conversation, 1).await;
+    assert_eq!(bodies(&pushed), ["pushed to the stale socket"]);
+    let after = alice.send_ok(&conversation, "after the switch").await;
+    assert_eq!(bob.deliver_of(after.message_id).await.message.expect("message").body.as_ref(), b"after the switch");
+    assert_eq!(world.backfills("resumed").await, resumed + 1.0, "the reconnect resumed\n{}", world.log_tails());
+    world.stop().await;
+}
+
 /// Every device of every member of a group gets each message once, in order; one member
 /// has devices on two nodes.
 async fn every_device_of_every_group_member_gets_each_message_in_order(topology: Topology) {
@@ -379,6 +444,8 @@ on_both_topologies!(
     a_direct_chat_arrives_in_order_both_ways,
     pipelined_sends_of_one_device_keep_the_order_sent,
     a_device_back_within_the_grace_is_pushed_what_was_sent_meanwhile,
+    a_device_back_within_the_grace_on_any_node_resumes_where_it_was,
+    a_device_back_on_another_node_before_its_drop_is_noticed_resumes,
     every_device_of_every_group_member_gets_each_message_in_order,
     room_subscribers_get_messages_live_and_catch_up_since_a_seq,
     a_repeated_client_msg_id_is_stored_once,

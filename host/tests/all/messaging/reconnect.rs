@@ -56,6 +56,7 @@ async fn bob_drops_with_messages_owed(herald: &Herald) -> (Client, Client) {
     bob.deliver_of(unacked.message_id).await;
     // The acks above reach the server before the drop: a ping answered after them.
     bob.ping().await;
+    poll::until("bob's backfill to end", async || herald.backfills_over().await).await;
     drop(bob);
     wait_until_offline(herald, "bob", "phone").await;
 
@@ -128,6 +129,7 @@ async fn a_device_that_reconnects_before_its_drop_is_noticed_resumes_from_the_ki
     let unacked = alice.send_ok(&conversation, "pushed to the stale socket").await;
     stale.deliver_of(unacked.message_id).await;
     stale.ping().await;
+    poll::until("the first backfill to end", async || herald.backfills_over().await).await;
 
     // The same device again, while the server still thinks the first socket is fine.
     let mut bob = Client::connect(&herald, "bob", "phone").await;

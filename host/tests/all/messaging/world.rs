@@ -153,6 +153,39 @@ impl World {
         presence.json()
     }
 
+    /// How many backfills every node together ran by `path` (`full` or `resumed`), as
+    /// their `/metrics` count them.
+    pub async fn backfills(&self, path: &str) -> f64 {
+        let series = format!(r#"herald_delivery_backfills_total{{path="{path}"}}"#);
+        let mut total = 0.0;
+        for at in 0..self.count() {
+            let metrics = self.node(at).get("/metrics", None).await;
+            assert_eq!(metrics.status, 200, "{metrics:?}");
+            total += super::metric(&metrics.body, &series);
+        }
+        total
+    }
+
+    /// Waits until no node has a backfill under way
+    /// (`herald_delivery_backfills_running`): a connection is resumed from only once its
+    /// own backfill is over, so a scenario about resuming lets it end before the drop.
+    pub async fn wait_until_backfills_over(&self) {
+        let over = poll().within(WAIT).every(Duration::from_millis(20));
+        let outcome = over
+            .try_until("every backfill to end", async || {
+                for at in 0..self.count() {
+                    if !self.node(at).backfills_over().await {
+                        return false;
+                    }
+                }
+                true
+            })
+            .await;
+        if let Err(timed_out) = outcome {
+            panic!("{timed_out}\n{}", self.log_tails());
+        }
+    }
+
     /// The last log lines of every node.
     pub fn log_tails(&self) -> String {
         match self {
