@@ -54,14 +54,16 @@ impl Delivery {
     /// A device back within the reconnect grace period (its session resumed from the
     /// dropped one) is owed only a few conversations, known without asking the database:
     /// only those are read. Otherwise every conversation of the user is.
-    pub async fn backfill(self: &Arc<Self>, session: Arc<Session>) {
+    ///
+    /// `unfinished` counts the connection as not backfilled yet until this returns.
+    pub async fn backfill(self: &Arc<Self>, session: Arc<Session>, unfinished: Unfinished) {
+        let _unfinished = unfinished;
         if !self.vitals.tier().backfills() {
             // Degraded: the device catches up by sync instead.
             session.skip_backfill();
             return;
         }
         let Ok(_permit) = self.backfill_permits.acquire().await else { return };
-        let _running = Running::start();
         let resumed = session.take_resume();
         let full = resumed.is_none();
         metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" })
@@ -163,20 +165,22 @@ impl Delivery {
     }
 }
 
-/// Counts one backfill in `herald_delivery_backfills_running` for as long as it is held,
-/// however the backfill ends: a reconnect storm shows there, and so does the moment a
-/// device's backfill is over (a connection that drops before then is not resumed from).
-struct Running;
+/// Counts one connection in `herald_delivery_backfills_unfinished` for as long as it is
+/// held: taken before the connection's `connected` is sent and dropped when its backfill
+/// ends, however it ends. A reconnect storm shows there, and so does the moment a device's
+/// backfill is over (a connection that drops before then is not resumed from): once its
+/// client has seen `connected`, a zero means it is.
+pub struct Unfinished(());
 
-impl Running {
-    fn start() -> Self {
-        metrics::gauge!("herald_delivery_backfills_running").increment(1.0);
-        Self
+impl Unfinished {
+    pub fn count() -> Self {
+        metrics::gauge!("herald_delivery_backfills_unfinished").increment(1.0);
+        Self(())
     }
 }
 
-impl Drop for Running {
+impl Drop for Unfinished {
     fn drop(&mut self) {
-        metrics::gauge!("herald_delivery_backfills_running").decrement(1.0);
+        metrics::gauge!("herald_delivery_backfills_unfinished").decrement(1.0);
     }
 }

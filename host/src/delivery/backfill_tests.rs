@@ -12,7 +12,9 @@ const DM: &str = "dm:alice:bob";
 
 /// Runs a session's backfill to its end.
 async fn backfill(kit: &Kit, session: &Arc<Session>) {
-    tokio::time::timeout(WAIT, kit.delivery.backfill(Arc::clone(session))).await.expect("backfill hung");
+    tokio::time::timeout(WAIT, kit.delivery.backfill(Arc::clone(session), super::backfill::Unfinished::count()))
+        .await
+        .expect("backfill hung");
 }
 
 /// Which conversations delivery read.

@@ -49,6 +49,7 @@ use herald_proto::{DecodeLimits, Encoding, SUBPROTOCOL_JSON, SUBPROTOCOL_PROTO};
 use crate::clock::WallClock;
 use crate::config::GatewayConfig;
 use crate::delivery::Delivery;
+use crate::delivery::backfill::Unfinished;
 use crate::delivery::session::Session;
 use crate::model::{ConnectionId, DeviceId, DeviceLedger, NodeId, UserId};
 use crate::pipeline::Pipeline;
@@ -374,6 +375,7 @@ async fn attach(
     if let Some(homes) = gateway.homes.get() {
         homes.logged_in(&session.user, this_node);
     }
+    let unfinished = Unfinished::count();
     connection.push(Frame::new(
         rid,
         v1::Connected {
@@ -410,7 +412,7 @@ async fn attach(
     count_connections(gateway);
     tokio::spawn({
         let (delivery, session) = (Arc::clone(&gateway.delivery), Arc::clone(session));
-        async move { delivery.backfill(session).await }
+        async move { delivery.backfill(session, unfinished).await }
     });
 }
 

@@ -45,17 +45,7 @@ impl Nginx {
         let dir = tempfile::tempdir().expect("temp dir for nginx");
         let root = dir.path().display().to_string();
         let port = free_port();
-        let temp_paths = ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"]
-            .iter()
-            .map(|kind| format!("    {kind}_temp_path {root}/{kind};\n"))
-            .collect::<String>();
-        let config = config.replacen("listen LISTEN;", &format!("listen 127.0.0.1:{port};"), 1).replacen(
-            "http {\n",
-            &format!("http {{\n{temp_paths}    access_log off;\n"),
-            1,
-        );
-        assert!(config.contains(&format!("127.0.0.1:{port}")), "the config has no `listen LISTEN;`:\n{config}");
-        std::fs::write(dir.path().join("nginx.conf"), &config).expect("write nginx.conf");
+        write_config(dir.path(), port, config);
         let log = std::fs::File::create(dir.path().join("stderr.log")).expect("nginx stderr file");
         let child = Command::new(binary())
             .arg("-p")
@@ -93,6 +83,15 @@ impl Nginx {
         }
     }
 
+    /// Replaces the config with `config` (its `listen LISTEN;` on the same port) and has
+    /// nginx reload it (SIGHUP), as an operator's `nginx -s reload`: open connections stay
+    /// where they are, new ones follow the new config once its workers are up.
+    pub fn reload(&self, config: &str) {
+        write_config(self.dir.path(), self.port, config);
+        let status = Command::new("kill").args(["-HUP", &self.child.id().to_string()]).status().expect("run kill");
+        assert!(status.success(), "SIGHUP to nginx failed:\n{}", self.logs());
+    }
+
     /// nginx's error log and stderr, for failure messages.
     pub fn logs(&self) -> String {
         logs_in(self.dir.path())
@@ -104,6 +103,23 @@ impl Drop for Nginx {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Writes `config` as `dir`'s nginx.conf, listening on loopback `port`, its temporary
+/// files in `dir`.
+fn write_config(dir: &std::path::Path, port: u16, config: &str) {
+    let root = dir.display();
+    let temp_paths = ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"]
+        .iter()
+        .map(|kind| format!("    {kind}_temp_path {root}/{kind};\n"))
+        .collect::<String>();
+    let config = config.replacen("listen LISTEN;", &format!("listen 127.0.0.1:{port};"), 1).replacen(
+        "http {\n",
+        &format!("http {{\n{temp_paths}    access_log off;\n"),
+        1,
+    );
+    assert!(config.contains(&format!("127.0.0.1:{port}")), "the config has no `listen LISTEN;`:\n{config}");
+    std::fs::write(dir.join("nginx.conf"), &config).expect("write nginx.conf");
 }
 
 /// The error log and stderr nginx wrote into `dir`.

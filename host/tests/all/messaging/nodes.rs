@@ -154,6 +154,15 @@ impl Nodes {
         self.down.remove(&at);
     }
 
+    /// Starts one more node of this cluster and waits until every node up sees it; returns
+    /// its index.
+    pub async fn add(&mut self) -> usize {
+        let node = self.options().start().await;
+        self.nodes.push(node);
+        self.wait_for_members(self.up().len()).await;
+        self.nodes.len() - 1
+    }
+
     /// The nodes up (neither killed nor paused).
     pub fn up(&self) -> Vec<usize> {
         (0..self.nodes.len()).filter(|at| !self.down.contains(at)).collect()

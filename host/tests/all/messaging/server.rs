@@ -288,11 +288,11 @@ impl Herald {
         }
     }
 
-    /// Whether no backfill is under way here (`herald_delivery_backfills_running`): a
+    /// Whether no backfill is under way here (`herald_delivery_backfills_unfinished`): a
     /// connection is resumed from only once its own backfill is over.
     pub async fn backfills_over(&self) -> bool {
         let metrics = self.get("/metrics", None).await;
-        metrics.status == 200 && super::metric(&metrics.body, "herald_delivery_backfills_running") == 0.0
+        metrics.status == 200 && super::metric(&metrics.body, "herald_delivery_backfills_unfinished") == 0.0
     }
 
     pub async fn get(&self, path: &str, auth: Option<&str>) -> Response {

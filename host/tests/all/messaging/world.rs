@@ -167,7 +167,7 @@ impl World {
     }
 
     /// Waits until no node has a backfill under way
-    /// (`herald_delivery_backfills_running`): a connection is resumed from only once its
+    /// (`herald_delivery_backfills_unfinished`): a connection is resumed from only once its
     /// own backfill is over, so a scenario about resuming lets it end before the drop.
     pub async fn wait_until_backfills_over(&self) {
         let over = poll().within(WAIT).every(Duration::from_millis(20));
