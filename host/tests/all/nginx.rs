@@ -99,7 +99,17 @@ impl Nginx {
 }
 
 impl Drop for Nginx {
+    /// Stops nginx as `nginx -s stop` does (SIGTERM to the master, which stops its
+    /// workers); a SIGKILL would leave the workers running, listening, without a master.
     fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..100 {
+            if matches!(self.child.try_wait(), Ok(Some(_)) | Err(_)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
