@@ -375,10 +375,30 @@ impl Session {
     }
 
     /// This new connection resumes from the ledger of the one its device left: it takes its
-    /// acks, and its backfill reads only the conversations the device may lack.
+    /// acks, and its backfill reads only the conversations the device may lack. A second
+    /// ledger (the device left connections on two nodes) adds to the first.
     pub fn resume_with(&self, ledger: DeviceLedger) {
-        self.acked.lock().unwrap_or_else(|p| p.into_inner()).extend(ledger.acked);
-        self.ledger().resume = Some(ledger.read_after);
+        let mut acked = self.acked.lock().unwrap_or_else(|p| p.into_inner());
+        for (conversation, seq) in ledger.acked {
+            let position = acked.entry(conversation).or_default();
+            *position = (*position).max(seq);
+        }
+        drop(acked);
+        let mut own = self.ledger();
+        match &mut own.resume {
+            Some(positions) => {
+                for (conversation, after) in ledger.read_after {
+                    read_from(positions, conversation, after.saturating_add(1));
+                }
+            }
+            None => own.resume = Some(ledger.read_after),
+        }
+    }
+
+    /// This connection's backfill reads every conversation after all: one of the
+    /// connections its device left did not know all the device may lack.
+    pub fn backfill_in_full(&self) {
+        self.ledger().resume = None;
     }
 
     /// For backfill, once: the conversations to read, each with the seq to read after, when
@@ -586,6 +606,27 @@ mod tests {
         assert!(open.hand_over(NodeId(2)).is_some());
         assert!(open.park());
         assert!(matches!(open.offer(&dm, 6), Offered::Forward(NodeId(2))));
+    }
+
+    #[test]
+    fn two_ledgers_resumed_from_read_from_the_lower_position_and_keep_the_higher_ack() {
+        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
+        let grp = ConversationId::parse("grp:team").expect("conversation");
+        let new = connection_of(9);
+        new.resume_with(DeviceLedger {
+            acked: [(dm.clone(), 4)].into_iter().collect(),
+            read_after: [(dm.clone(), 4)].into_iter().collect(),
+        });
+        new.resume_with(DeviceLedger {
+            acked: [(dm.clone(), 2)].into_iter().collect(),
+            read_after: [(dm.clone(), 2), (grp.clone(), 7)].into_iter().collect(),
+        });
+        assert_eq!(new.acked_through(&dm), 4);
+        let expected: BTreeMap<ConversationId, u64> = [(dm.clone(), 2), (grp, 7)].into_iter().collect();
+        assert_eq!(new.take_resume(), Some(expected));
+        new.resume_with(DeviceLedger::default());
+        new.backfill_in_full();
+        assert_eq!(new.take_resume(), None, "a full backfill after all");
     }
 
     #[test]

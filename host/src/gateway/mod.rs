@@ -394,11 +394,19 @@ async fn attach(
     let resumed = match (previous, parked) {
         (Previous::Here(previous), _) | (Previous::Nowhere, Some(previous)) => Some(session.resume_from(&previous)),
         (Previous::Elsewhere(ledger), parked) => {
-            // A session of an earlier visit here passes what still reaches it on too.
-            if let Some(parked) = parked {
-                session.resume_from(&parked);
-            }
-            let resumed = ledger.map(|ledger| session.resume_with(ledger)).is_some();
+            // A session of an earlier visit here passes what still reaches it on too, and
+            // what it owes counts as well.
+            let complete_here = parked.is_none_or(|parked| session.resume_from(&parked));
+            let resumed = match ledger {
+                Some(ledger) if complete_here => {
+                    session.resume_with(ledger);
+                    true
+                }
+                _ => {
+                    session.backfill_in_full();
+                    false
+                }
+            };
             metrics::counter!("herald_gateway_handovers_total", "resumed" => if resumed { "yes" } else { "no" })
                 .increment(1);
             Some(resumed)
