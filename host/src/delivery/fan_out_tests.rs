@@ -561,3 +561,34 @@ async fn a_room_publish_that_went_out_is_not_asked_again() {
         assert!(bus.calls().is_empty(), "{fault:?}: {:?}", bus.calls());
     }
 }
+
+/// A device that went on to another node: its session here, handed over, passes each
+/// message that still reaches it on to that node (a hop naming the user), whether the
+/// message came from a fan-out here or from another node's, and pushes nothing itself.
+#[tokio::test]
+async fn a_session_handed_over_to_another_node_passes_messages_on_there() {
+    let two = NodeId(THIS_NODE.0 + 1);
+    let bus = Arc::new(RecordingBus::with_peers(&[two]));
+    let kit = Kit::with(Options { bus: Arc::clone(&bus) as _, ..Options::default() }).await;
+    let (bob, bob_phone) = kit.connect("bob", "phone").await;
+    kit.drop_within_grace(&bob).await;
+    assert!(bob.hand_over(two).is_some(), "its backfill was over: a complete ledger");
+
+    kit.delivery.fan_out(message("dm:alice:bob", 7, "alice", "phone")).await;
+    kit.delivery
+        .deliver_here(&message("dm:alice:bob", 8, "alice", "phone"), &[user_id("bob")], Addressed::ByRoute)
+        .await;
+
+    assert!(bob_phone.delivered_seqs().is_empty(), "nothing pushed to the old connection");
+    let calls = bus.calls();
+    let passed: Vec<(u64, NodeId, Vec<UserId>)> = calls
+        .iter()
+        .filter_map(|call| match call {
+            BusCall::Deliver { node, message, users, addressed: Addressed::ByRoute } => {
+                Some((message.seq, *node, users.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(passed, [(7, two, vec![user_id("bob")]), (8, two, vec![user_id("bob")])], "{calls:?}");
+}
