@@ -4,8 +4,13 @@
 //! time per device, how many messages it had read already were pushed again, and which
 //! backfill path the server took (`/metrics`).
 //!
+//! With `--back-url`, the devices come back to another node of the same cluster (as behind
+//! a load balancer that picks any node), which takes their parked sessions over from the
+//! node they left.
+//!
 //! `scripts/reconnect-bench.sh` runs it against a server with the reconnect grace period
-//! on, then off.
+//! on, then off; `scripts/reconnect-bench.sh cluster` against three nodes, the devices
+//! coming back to another node.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, reason = "a command-line program reports on stdout")]
@@ -34,6 +39,9 @@ struct Args {
     /// The server's WebSocket URL (loopback).
     #[arg(long, default_value = "ws://127.0.0.1:7070/v1/ws")]
     url: String,
+    /// Where the devices reconnect: another node of the same cluster (default: --url).
+    #[arg(long)]
+    back_url: Option<String>,
     /// Devices (one user each).
     #[arg(long, default_value_t = 500)]
     users: usize,
@@ -56,9 +64,11 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if let Err(error) = check_target(&args.url, false) {
-        eprintln!("herald-reconnect: {error}");
-        return ExitCode::from(2);
+    for url in [Some(&args.url), args.back_url.as_ref()].into_iter().flatten() {
+        if let Err(error) = check_target(url, false) {
+            eprintln!("herald-reconnect: {error}");
+            return ExitCode::from(2);
+        }
     }
     if args.users < 2 || args.conversations < 2 || args.conversations % 2 != 0 || args.conversations / 2 >= args.users {
         eprintln!("herald-reconnect: --conversations must be even, at least 2, and --users more than half of it");
@@ -97,9 +107,11 @@ async fn run(args: &Args) -> Result<(), Error> {
         .map(|n| {
             let (users, permits, set_up, phase) =
                 (Arc::clone(&users), Arc::clone(&permits), Arc::clone(&set_up), phase_rx.clone());
-            let (url, conversations, notifier) = (args.url.clone(), args.conversations, notifier.clone());
+            let urls =
+                Urls { first: args.url.clone(), back: args.back_url.clone().unwrap_or_else(|| args.url.clone()) };
+            let (conversations, notifier) = (args.conversations, notifier.clone());
             tokio::spawn(
-                async move { device(&url, &users, n, conversations, &notifier, &permits, &set_up, phase).await },
+                async move { device(&urls, &users, n, conversations, &notifier, &permits, &set_up, phase).await },
             )
         })
         .collect();
@@ -109,7 +121,7 @@ async fn run(args: &Args) -> Result<(), Error> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     phase.send_replace(Phase::Away);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = backfills(&args.url).await?;
+    let before = backfills(args).await?;
 
     // One message to each device while it is away.
     let mut sender = connect(&args.url, &notifier, &permits).await?;
@@ -139,7 +151,7 @@ async fn run(args: &Args) -> Result<(), Error> {
     phase.send_replace(Phase::Back(storm));
     let returns: Vec<Return> = try_join_all(tasks).await?.into_iter().collect::<Result<_, _>>()?;
     let all_back = storm.elapsed();
-    let after = backfills(&args.url).await?;
+    let after = backfills(args).await?;
 
     let mut took = Histogram::<u64>::new(3)?;
     for r in &returns {
@@ -182,10 +194,16 @@ async fn connect(url: &str, user: &str, permits: &Semaphore) -> Result<Connectio
     Ok(connection)
 }
 
+/// Where a device connects first, and where it comes back.
+struct Urls {
+    first: String,
+    back: String,
+}
+
 /// One device: sets up its conversations, drops when told, comes back when told.
 #[allow(clippy::too_many_arguments, reason = "one task's whole setting")]
 async fn device(
-    url: &str,
+    urls: &Urls,
     users: &[String],
     n: usize,
     conversations: usize,
@@ -196,7 +214,7 @@ async fn device(
 ) -> Result<Return, Error> {
     let me = &users[n];
     let half = conversations / 2;
-    let mut connection = connect(url, me, permits).await?;
+    let mut connection = connect(&urls.first, me, permits).await?;
     // One message to each of the next `half` users; one arrives from each of the previous.
     let mut ids = ClientMsgIds::new();
     for k in 1..=half {
@@ -237,7 +255,7 @@ async fn device(
         Phase::Back(storm) => storm,
         _ => unreachable!("waited for Back"),
     };
-    let mut connection = connect(url, me, permits).await?;
+    let mut connection = connect(&urls.back, me, permits).await?;
     let owed = dm_conversation(notifier, me);
     let mut repushed = 0;
     loop {
@@ -256,11 +274,20 @@ async fn device(
     }
 }
 
-/// `herald_delivery_backfills_total` for the full and the resumed path, from `/metrics`.
-async fn backfills(ws_url: &str) -> Result<(u64, u64), Error> {
-    let authority = authority_of(ws_url).ok_or("no host in --url")?;
-    let answer = http::request(&authority, "GET", "/metrics", None, None, WAIT).await?;
-    let scrape = Scrape::parse(&answer.body);
-    let count = |path: &str| scrape.value("herald_delivery_backfills_total", &[("path", path)]).unwrap_or(0.0) as u64;
-    Ok((count("full"), count("resumed")))
+/// `herald_delivery_backfills_total` for the full and the resumed path, from the `/metrics`
+/// of the node(s) the devices connect to, together.
+async fn backfills(args: &Args) -> Result<(u64, u64), Error> {
+    let mut urls = vec![&args.url];
+    urls.extend(args.back_url.as_ref().filter(|back| **back != args.url));
+    let (mut full, mut resumed) = (0, 0);
+    for url in urls {
+        let authority = authority_of(url).ok_or("no host in the URL")?;
+        let answer = http::request(&authority, "GET", "/metrics", None, None, WAIT).await?;
+        let scrape = Scrape::parse(&answer.body);
+        let count =
+            |path: &str| scrape.value("herald_delivery_backfills_total", &[("path", path)]).unwrap_or(0.0) as u64;
+        full += count("full");
+        resumed += count("resumed");
+    }
+    Ok((full, resumed))
 }
