@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use futures_util::{SinkExt as _, StreamExt as _};
-use herald_proto::{DecodeLimits, Encoding, decode_frame, encode_json, encode_proto, v1};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
@@ -21,8 +20,12 @@ use crate::core::{ABNORMAL, Command, Core};
 use crate::error::ClientError;
 use crate::options::Token;
 use crate::types::Event;
+use crate::wire::{self, Encoding, v1};
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Largest frame read: the server's own default limit (PROTOCOL.md, close 1009).
+const MAX_FRAME_BYTES: usize = 1_048_576;
 
 /// How the loop over one phase ended.
 enum Step {
@@ -33,7 +36,6 @@ enum Step {
 
 /// Runs the client until it is closed.
 pub(crate) async fn run(mut core: Core, mut commands: mpsc::UnboundedReceiver<Command>) {
-    let limits = DecodeLimits::default();
     'life: loop {
         // Reconnecting: wait out the delay, serving commands (sends queue meanwhile).
         while let Some(at) = core.reconnect_at {
@@ -91,7 +93,7 @@ pub(crate) async fn run(mut core: Core, mut commands: mpsc::UnboundedReceiver<Co
             Some(Ok(socket)) => socket,
         };
         core.socket_opened();
-        let (code, reason, stop) = session(&mut core, &mut commands, socket, &limits).await;
+        let (code, reason, stop) = session(&mut core, &mut commands, socket).await;
         if stop {
             break;
         }
@@ -125,7 +127,6 @@ async fn session(
     core: &mut Core,
     commands: &mut mpsc::UnboundedReceiver<Command>,
     socket: Socket,
-    limits: &DecodeLimits,
 ) -> (u16, String, bool) {
     let encoding = core.options.encoding;
     let (mut sink, mut stream) = socket.split();
@@ -145,10 +146,10 @@ async fn session(
         let wake = core.next_wakeup().unwrap_or_else(far_future);
         tokio::select! {
             incoming = stream.next() => match incoming {
-                Some(Ok(WsMessage::Binary(data))) => receive(core, decode_frame(data, Encoding::Proto, limits)),
+                Some(Ok(WsMessage::Binary(data))) => receive(core, wire::decode(data, Encoding::Proto)),
                 Some(Ok(WsMessage::Text(text))) => {
                     let data = bytes::Bytes::from(text);
-                    receive(core, decode_frame(data, Encoding::Json, limits));
+                    receive(core, wire::decode(data, Encoding::Json));
                 }
                 Some(Ok(WsMessage::Close(frame))) => {
                     let (code, reason) = frame.map_or((ABNORMAL, String::new()), |frame| (u16::from(frame.code), frame.reason.to_string()));
@@ -167,7 +168,7 @@ async fn session(
     }
 }
 
-fn receive(core: &mut Core, decoded: Result<v1::Frame, herald_proto::FrameError>) {
+fn receive(core: &mut Core, decoded: Result<v1::Frame, String>) {
     match decoded {
         Ok(frame) => core.on_frame(frame),
         Err(error) => core.emit(Event::Error(ClientError::Protocol(format!("undecodable frame: {error}")))),
@@ -183,8 +184,8 @@ where
     }
     for frame in &frames {
         let message = match encoding {
-            Encoding::Proto => WsMessage::Binary(encode_proto(frame).into()),
-            Encoding::Json => WsMessage::Text(encode_json(frame).map_err(|error| error.to_string())?.into()),
+            Encoding::Proto => WsMessage::Binary(wire::encode_proto(frame).into()),
+            Encoding::Json => WsMessage::Text(wire::encode_json(frame)?.into()),
         };
         sink.feed(message).await.map_err(|error| error.to_string())?;
     }
@@ -195,11 +196,10 @@ where
 async fn open(url: String, encoding: Encoding) -> Result<Socket, String> {
     let mut request = url.as_str().into_client_request().map_err(|error| format!("cannot open {url}: {error}"))?;
     request.headers_mut().insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(encoding.subprotocol()));
-    let limits = DecodeLimits::default();
     let config = WebSocketConfig::default()
         .read_buffer_size(4 * 1024)
-        .max_message_size(Some(limits.max_frame_bytes))
-        .max_frame_size(Some(limits.max_frame_bytes));
+        .max_message_size(Some(MAX_FRAME_BYTES))
+        .max_frame_size(Some(MAX_FRAME_BYTES));
     let (socket, response) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
         .await
         .map_err(|error| format!("cannot open {url}: {error}"))?;

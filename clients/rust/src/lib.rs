@@ -37,14 +37,15 @@ mod order;
 mod pacing;
 mod store;
 mod types;
+mod wire;
 
 pub use backoff::BackoffOptions;
 pub use client::{Client, Events, uuid_v4};
 pub use error::{ClientError, SendError};
-pub use herald_proto::Encoding;
 pub use options::{AckMode, ClientOptions, SendOptions, Token, TokenFuture, TokenProvider, TokenReason};
 pub use store::{MemorySeqStore, SeqStore};
 pub use types::{
     ConnectedInfo, Delivery, DisconnectedInfo, Event, GoAwayInfo, HistoryPage, Message, ResumedInfo, RetryInfo, Sent,
     State, Subscribed, SyncedConversation,
 };
+pub use wire::Encoding;

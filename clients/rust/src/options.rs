@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald_proto::Encoding;
+use crate::wire::Encoding;
 
 use crate::backoff::BackoffOptions;
 use crate::store::{MemorySeqStore, SeqStore};

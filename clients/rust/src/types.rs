@@ -3,8 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::wire::v1;
 use bytes::Bytes;
-use herald_proto::v1;
 use tokio::sync::mpsc;
 
 use crate::error::ClientError;

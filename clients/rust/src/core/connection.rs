@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use herald_proto::v1;
+use crate::wire::v1;
 use tokio::time::Instant;
 
 use super::{

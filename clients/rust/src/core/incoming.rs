@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use herald_proto::v1;
+use crate::wire::v1;
 use tokio::time::Instant;
 
 use super::{Core, Request, Waiter, fail_request};

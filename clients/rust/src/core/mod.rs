@@ -16,7 +16,7 @@ mod sends;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use herald_proto::v1::{self, frame::Body};
+use crate::wire::v1::{self, frame::Body};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use crate::wire::v1::{self, send_ack::Status};
 use bytes::Bytes;
-use herald_proto::v1::{self, send_ack::Status};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
