@@ -76,9 +76,20 @@ impl Herald {
         self.launch().await;
     }
 
+    /// SIGKILL, and waits for the exit.
     pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill().await;
+        }
+    }
+
+    /// SIGTERM (a graceful drain: go_away, then close 1012), and waits for the exit.
+    pub async fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = child.id().expect("a running herald").to_string();
+            let status = Command::new("kill").args(["-TERM", &pid]).status().await.expect("kill runs");
+            assert!(status.success(), "kill -TERM {pid}");
+            within("herald to exit after SIGTERM", Duration::from_secs(60), child.wait()).await.expect("exit status");
         }
     }
 
@@ -157,8 +168,14 @@ pub async fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, Stri
 pub struct Proxy {
     pub port: u16,
     refusing: Arc<AtomicBool>,
-    pipes: Arc<Mutex<Vec<AbortHandle>>>,
+    pipes: Arc<Mutex<Vec<Pipe>>>,
     server: AbortHandle,
+}
+
+/// One proxied connection: its two copy tasks and whether it forwards.
+struct Pipe {
+    tasks: [AbortHandle; 2],
+    frozen: Arc<AtomicBool>,
 }
 
 impl Proxy {
@@ -166,19 +183,22 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let port = listener.local_addr().expect("its address").port();
         let refusing = Arc::new(AtomicBool::new(false));
-        let pipes: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let pipes: Arc<Mutex<Vec<Pipe>>> = Arc::default();
         let (flag, list) = (refusing.clone(), pipes.clone());
         let server = tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
+            while let Ok((client, _)) = listener.accept().await {
                 if flag.load(Ordering::SeqCst) {
                     continue; // dropped: refused
                 }
-                let pipe = tokio::spawn(async move {
-                    if let Ok(mut upstream) = TcpStream::connect(("127.0.0.1", target)).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-                    }
-                });
-                list.lock().expect("the pipes").push(pipe.abort_handle());
+                let Ok(upstream) = TcpStream::connect(("127.0.0.1", target)).await else { continue };
+                let frozen = Arc::new(AtomicBool::new(false));
+                let (client_read, client_write) = client.into_split();
+                let (upstream_read, upstream_write) = upstream.into_split();
+                let tasks = [
+                    tokio::spawn(forward(client_read, upstream_write, frozen.clone())).abort_handle(),
+                    tokio::spawn(forward(upstream_read, client_write, frozen.clone())).abort_handle(),
+                ];
+                list.lock().expect("the pipes").push(Pipe { tasks, frozen });
             }
         })
         .abort_handle();
@@ -189,15 +209,44 @@ impl Proxy {
         format!("ws://127.0.0.1:{}/v1/ws", self.port)
     }
 
+    /// Drops every connection and refuses new ones.
     pub fn cut(&self) {
         self.refusing.store(true, Ordering::SeqCst);
         for pipe in self.pipes.lock().expect("the pipes").drain(..) {
-            pipe.abort();
+            for task in pipe.tasks {
+                task.abort();
+            }
         }
     }
 
     pub fn resume(&self) {
         self.refusing.store(false, Ordering::SeqCst);
+    }
+
+    /// Stops forwarding on the open connections without closing them (a peer that died
+    /// without a word); new connections are served.
+    pub fn freeze(&self) {
+        for pipe in self.pipes.lock().expect("the pipes").iter() {
+            pipe.frozen.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Copies one direction; while frozen, reads and drops (no back-pressure, no close).
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<AtomicBool>,
+) {
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        if !frozen.load(Ordering::SeqCst) && to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
     }
 }
 
@@ -240,6 +289,8 @@ pub struct Seen {
     pub messages: Vec<Message>,
     pub state: Option<State>,
     pub connected: usize,
+    /// The URL of each connection.
+    pub urls: Vec<String>,
     pub resumed: usize,
     pub disconnected: Vec<DisconnectedInfo>,
     pub retries: Vec<RetryInfo>,
@@ -256,15 +307,31 @@ pub struct Recorded {
 
 impl Recorded {
     pub fn connect(options: ClientOptions) -> Self {
+        Self::with_handler_time(options, Duration::ZERO)
+    }
+
+    /// Each message is held for `handling` before it is recorded and dropped (handled): a
+    /// slow handler.
+    pub fn with_handler_time(options: ClientOptions, handling: Duration) -> Self {
         let (client, mut events) = Client::connect(options);
         let seen: Arc<Mutex<Seen>> = Arc::default();
         let record = seen.clone();
         tokio::spawn(async move {
             while let Some(event) = events.next().await {
+                if let Event::Message(delivery) = &event
+                    && !handling.is_zero()
+                {
+                    tokio::time::sleep(handling).await;
+                    record.lock().expect("the record").messages.push(delivery.message.clone());
+                    continue;
+                }
                 let mut seen = record.lock().expect("the record");
                 match event {
                     Event::State(state) => seen.state = Some(state),
-                    Event::Connected(_) => seen.connected += 1,
+                    Event::Connected(info) => {
+                        seen.connected += 1;
+                        seen.urls.push(info.url);
+                    }
                     Event::Disconnected(info) => seen.disconnected.push(info),
                     Event::Resumed(_) => seen.resumed += 1,
                     Event::GoAway(info) => seen.go_aways.push(info),

@@ -3,3 +3,4 @@
 
 mod conformance;
 mod harness;
+mod resilience;
