@@ -51,12 +51,17 @@ cargo package -p herald-sdk --no-verify --allow-dirty --locked >/dev/null 2>&1 \
 
 say "workspace tests"
 [ "${1:-}" = "--" ] && shift
-cargo test --workspace --locked "$@"
+# herald-client runs below, against the Herald binary these tests build.
+cargo test --workspace --exclude herald-client --locked "$@"
 
 # The TypeScript client library against the debug Herald the tests just built: its unit
 # tests and the conformance scenarios of clients/SPEC.md, each on a Herald of its own.
 say "TypeScript client (clients/typescript): npm ci, build, tests, npm pack"
 HERALD_BIN=target/debug/herald clients/typescript/run-tests.sh
+say "Rust client (clients/rust): the conformance scenarios, and it packages on its own"
+HERALD_BIN=target/debug/herald cargo test -p herald-client --locked
+cargo package -p herald-client --no-verify --allow-dirty --locked >/dev/null 2>&1 \
+    || die "herald-client does not package: run cargo package -p herald-client --no-verify --allow-dirty to see why"
 
 # The soak's short version (docs/OPERATIONS.md, "Soak test"), on the debug binaries the tests
 # just built: 2 minutes of mixed traffic with churn, storms and hot reloads; it fails when
