@@ -45,7 +45,7 @@ impl Client {
     pub fn connect(options: ClientOptions) -> (Self, Events) {
         let (commands, receiver) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
-        let core = Core::new(options, events_tx, commands.clone());
+        let core = Core::new(options, events_tx, commands.downgrade());
         tokio::spawn(driver::run(core, receiver));
         (Self { commands }, Events { events })
     }

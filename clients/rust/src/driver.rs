@@ -53,7 +53,20 @@ pub(crate) async fn run(mut core: Core, mut commands: mpsc::UnboundedReceiver<Co
             let Token::Provider(provider) = core.options.token.clone() else {
                 continue;
             };
-            match provider.token(reason).await {
+            // Commands are served meanwhile: a close must not wait for a slow provider.
+            let asking = provider.token(reason);
+            tokio::pin!(asking);
+            let answer = loop {
+                tokio::select! {
+                    answer = &mut asking => break answer,
+                    step = idle_step(&mut core, &mut commands, None) => {
+                        if let Step::Stop = step {
+                            break 'life;
+                        }
+                    }
+                }
+            };
+            match answer {
                 Ok(token) if !token.is_empty() => core.set_token(token),
                 Ok(_) => {
                     core.token_failed("the token provider returned no token".to_owned());

@@ -320,12 +320,12 @@ impl Core {
         for step in released {
             match step.message {
                 Some(message) => {
-                    let handled = auto.then(|| HandledGuard {
-                        commands: self.commands.clone(),
+                    let handled = self.commands.upgrade().filter(|_| auto).map(|commands| HandledGuard {
+                        commands,
                         conversation: name.to_owned(),
                         seq: step.seq,
                     });
-                    if auto {
+                    if handled.is_some() {
                         self.conversation(name).unhandled.push_back((step.seq, false));
                     }
                     self.emit(Event::Message(Delivery { message, handled }));

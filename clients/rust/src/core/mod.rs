@@ -123,8 +123,9 @@ struct Resuming {
 pub(crate) struct Core {
     pub(crate) options: ClientOptions,
     events: mpsc::UnboundedSender<Event>,
-    /// For the handled guards of deliveries.
-    commands: mpsc::UnboundedSender<Command>,
+    /// For the handled guards of deliveries. Weak: once the application dropped every
+    /// handle (and every delivery), the driver's queue ends and the client closes.
+    commands: mpsc::WeakUnboundedSender<Command>,
     state: State,
     info: Option<ConnectedInfo>,
     ever_connected: bool,
@@ -173,7 +174,7 @@ impl Core {
     pub(crate) fn new(
         options: ClientOptions,
         events: mpsc::UnboundedSender<Event>,
-        commands: mpsc::UnboundedSender<Command>,
+        commands: mpsc::WeakUnboundedSender<Command>,
     ) -> Self {
         let now = Instant::now();
         Self {
@@ -426,9 +427,10 @@ impl Core {
             .min();
         let mut consider = |at: Instant| next = Some(next.map_or(at, |current| current.min(at)));
         if self.state == State::Connected {
-            consider(self.last_heard + self.silence_limit / 2);
+            // Never an instant already past: the driver would wake at once, again and again.
+            consider(self.last_heard + self.silence_limit + Duration::from_millis(1));
             if self.ping_when_silent {
-                consider(self.last_ping + self.silence_limit / 2);
+                consider(self.last_heard.max(self.last_ping) + self.silence_limit / 2);
             }
         }
         for send in self.sends.values() {
@@ -460,8 +462,8 @@ impl Core {
             if silent > self.silence_limit {
                 self.abandon(format!("server silent for {} ms", silent.as_millis()));
             } else if self.ping_when_silent
-                && silent > self.silence_limit / 2
-                && now.saturating_duration_since(self.last_ping) > self.silence_limit / 2
+                && silent >= self.silence_limit / 2
+                && now.saturating_duration_since(self.last_ping) >= self.silence_limit / 2
             {
                 self.last_ping = now;
                 let time_ms = unix_ms();
@@ -500,3 +502,6 @@ fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
 }
+
+#[cfg(test)]
+mod tests;
