@@ -1,19 +1,20 @@
 //! The application's handle: `connect`, `send`, `subscribe`, reads, acks and `close`.
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::core::{Command, Core};
 use crate::driver;
 use crate::error::{ClientError, SendError};
 use crate::options::{ClientOptions, SendOptions};
-use crate::types::{Event, HistoryPage, Message, Sent, Subscribed, SyncedConversation};
+use crate::types::{Event, HistoryPage, Message, Sent, State, Subscribed, SyncedConversation};
 
 /// A Herald client: one WebSocket session at a time, kept up across drops, following
 /// PROTOCOL.md and clients/SPEC.md. Cheap to clone; every clone drives the same session.
 #[derive(Debug, Clone)]
 pub struct Client {
     commands: mpsc::UnboundedSender<Command>,
+    state: watch::Receiver<State>,
 }
 
 /// The client's events, in the order they happened. Read them steadily: incoming messages
@@ -45,9 +46,30 @@ impl Client {
     pub fn connect(options: ClientOptions) -> (Self, Events) {
         let (commands, receiver) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
-        let core = Core::new(options, events_tx, commands.downgrade());
+        let (state_tx, state) = watch::channel(State::Connecting);
+        let core = Core::new(options, events_tx, commands.downgrade(), state_tx);
         tokio::spawn(driver::run(core, receiver));
-        (Self { commands }, Events { events })
+        (Self { commands, state }, Events { events })
+    }
+
+    /// Where the client is now.
+    pub fn state(&self) -> State {
+        *self.state.borrow()
+    }
+
+    /// Waits until the client is connected (at once if it is).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Closed`] once the client is closed.
+    pub async fn connected(&self) -> Result<(), ClientError> {
+        let mut state = self.state.clone();
+        let reached =
+            state.wait_for(|state| matches!(state, State::Connected | State::Closed)).await.map(|state| *state);
+        match reached {
+            Ok(State::Connected) => Ok(()),
+            _ => Err(ClientError::Closed { code: 1000, reason: "client closed".to_owned() }),
+        }
     }
 
     /// Sends a message. Resolves once the server stored it (`OK`, or `DUPLICATE` for a

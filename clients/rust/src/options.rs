@@ -110,6 +110,9 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// Most sends awaiting their `send_ack` at once (1000); the window halves on RETRY.
     pub max_in_flight_sends: usize,
+    /// Frames per second the client writes at most (1,800, under the server's default of
+    /// 2,000 past which it closes with 4029); 0: no limit. Acks and pongs are counted, never delayed.
+    pub max_frames_per_second: u32,
     /// How long a gap may last without progress before it is pulled with `sync` (250 ms).
     pub gap_timeout: Duration,
     /// Acks are coalesced for this long (25 ms).
@@ -147,6 +150,7 @@ impl ClientOptions {
             dead_after: Duration::from_secs(15),
             connect_timeout: Duration::from_secs(10),
             max_in_flight_sends: 1_000,
+            max_frames_per_second: 1_800,
             gap_timeout: Duration::from_millis(250),
             ack_delay: Duration::from_millis(25),
             catch_up_on_connect: true,

@@ -17,13 +17,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use crate::wire::v1::{self, frame::Body};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
 use crate::error::{ClientError, SendError};
 use crate::options::ClientOptions;
-use crate::pacing::SendWindow;
+use crate::pacing::{FrameBudget, SendWindow};
 use crate::types::{
     ConnectedInfo, DisconnectedInfo, Event, GoAwayInfo, HistoryPage, Sent, State, Subscribed, SyncedConversation,
 };
@@ -123,6 +123,8 @@ struct Resuming {
 pub(crate) struct Core {
     pub(crate) options: ClientOptions,
     events: mpsc::UnboundedSender<Event>,
+    /// The state, for [`Client::state`](crate::Client::state).
+    state_watch: watch::Sender<State>,
     /// For the handled guards of deliveries. Weak: once the application dropped every
     /// handle (and every delivery), the driver's queue ends and the client closes.
     commands: mpsc::WeakUnboundedSender<Command>,
@@ -155,6 +157,7 @@ pub(crate) struct Core {
     next_send: u64,
     sends_on_wire: usize,
     window: SendWindow,
+    budget: FrameBudget,
     pump_at: Option<Instant>,
     requests: HashMap<u32, Request>,
     queued_requests: Vec<Request>,
@@ -175,14 +178,17 @@ impl Core {
         options: ClientOptions,
         events: mpsc::UnboundedSender<Event>,
         commands: mpsc::WeakUnboundedSender<Command>,
+        state_watch: watch::Sender<State>,
     ) -> Self {
         let now = Instant::now();
         Self {
             url: options.url.clone(),
             backoff: Backoff::new(options.reconnect),
             window: SendWindow::new(options.max_in_flight_sends),
+            budget: FrameBudget::new(options.max_frames_per_second),
             options,
             events,
+            state_watch,
             commands,
             state: State::Connecting,
             info: None,
@@ -253,6 +259,7 @@ impl Core {
     pub(super) fn set_state(&mut self, state: State) {
         if self.state != state {
             self.state = state;
+            self.state_watch.send_replace(state);
             self.emit(Event::State(state));
         }
     }
@@ -349,6 +356,7 @@ impl Core {
 
     pub(super) fn transmit(&mut self, body: Body, rid: u32) {
         if self.socket_open {
+            self.budget.spend(Instant::now());
             self.outbox.push(v1::Frame { rid, body: Some(body) });
         }
     }

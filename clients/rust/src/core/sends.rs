@@ -97,6 +97,13 @@ impl Core {
                 self.pump_at = Some(at);
                 break;
             }
+            let wait = self.budget.wait(now);
+            if !wait.is_zero() {
+                self.pump_at = Some(now + wait);
+                break;
+            }
+            // Counted here, since the frames are queued after the loop.
+            self.budget.spend(now);
             pending.on_wire = true;
             pending.sent_at = now;
             pending.not_before = None;
@@ -110,7 +117,9 @@ impl Core {
         }
         for send in frames {
             let rid = self.rid();
-            self.transmit(send.into(), rid);
+            if self.socket_open {
+                self.outbox.push(v1::Frame { rid, body: Some(send.into()) });
+            }
         }
     }
 

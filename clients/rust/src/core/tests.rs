@@ -20,8 +20,9 @@ struct Harness {
 fn connected(heartbeat_ms: u32, client_timeout_ms: u32) -> Harness {
     let (events_tx, events) = mpsc::unbounded_channel();
     let (commands, _) = mpsc::unbounded_channel();
-    let mut core =
-        Core::new(ClientOptions::new("ws://127.0.0.1:1/v1/ws", "dev:alice", "test"), events_tx, commands.downgrade());
+    let options = ClientOptions::new("ws://127.0.0.1:1/v1/ws", "dev:alice", "test");
+    let (state, _) = tokio::sync::watch::channel(crate::State::Connecting);
+    let mut core = Core::new(options, events_tx, commands.downgrade(), state);
     core.begin_attempt();
     open(&mut core, heartbeat_ms, client_timeout_ms);
     Harness { core, _events: events, _commands: commands }
