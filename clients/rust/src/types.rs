@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use crate::wire::v1;
 use bytes::Bytes;
-use tokio::sync::mpsc;
 
 use crate::error::ClientError;
 
@@ -201,18 +200,21 @@ impl std::ops::Deref for Delivery {
     }
 }
 
-/// Reports one delivery handled to the client's driver when dropped.
-pub(crate) struct HandledGuard {
-    pub(crate) commands: mpsc::UnboundedSender<crate::core::Command>,
-    pub(crate) conversation: String,
-    pub(crate) seq: u64,
+/// Reports one delivery handled to the client's driver when dropped. The report is a
+/// closure the driver's core gives, so that this module need not know the core's commands.
+pub(crate) struct HandledGuard(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl HandledGuard {
+    pub(crate) fn new(report: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self(Some(Box::new(report)))
+    }
 }
 
 impl Drop for HandledGuard {
     fn drop(&mut self) {
-        let conversation = std::mem::take(&mut self.conversation);
-        // A closed client has no use for it any more.
-        let _ = self.commands.send(crate::core::Command::Handled { conversation, seq: self.seq });
+        if let Some(report) = self.0.take() {
+            report();
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::wire::v1;
 use tokio::time::Instant;
 
-use super::{Core, Request, Waiter, fail_request};
+use super::{Command, Core, Request, Waiter, fail_request};
 use crate::error::ClientError;
 use crate::options::AckMode;
 use crate::order::{ConversationOrder, Release};
@@ -320,10 +320,10 @@ impl Core {
         for step in released {
             match step.message {
                 Some(message) => {
-                    let handled = self.commands.upgrade().filter(|_| auto).map(|commands| HandledGuard {
-                        commands,
-                        conversation: name.to_owned(),
-                        seq: step.seq,
+                    let handled = self.commands.upgrade().filter(|_| auto).map(|commands| {
+                        let (conversation, seq) = (name.to_owned(), step.seq);
+                        // A closed client has no use for the report any more.
+                        HandledGuard::new(move || drop(commands.send(Command::Handled { conversation, seq })))
                     });
                     if handled.is_some() {
                         self.conversation(name).unhandled.push_back((step.seq, false));
