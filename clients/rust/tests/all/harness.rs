@@ -22,11 +22,16 @@ use tokio::time::Instant;
 
 pub type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-/// The Herald binary: `$HERALD_BIN` (relative to the workspace root), else the prebuilt one.
-/// Missing: fail, never skip.
+/// The Herald binary: `$HERALD_BIN` (relative to the workspace root), else the debug build
+/// of this workspace (`cargo test --workspace` builds it before any test runs). Missing:
+/// fail, never skip.
 pub fn herald_bin() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let bin = std::env::var_os("HERALD_BIN").map_or_else(|| PathBuf::from("/work/herald-bin/herald"), PathBuf::from);
+    let built = || {
+        let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+        target.join("debug/herald")
+    };
+    let bin = std::env::var_os("HERALD_BIN").map_or_else(built, PathBuf::from);
     let bin = if bin.is_absolute() { bin } else { root.join(bin) };
     assert!(bin.exists(), "no Herald binary at {}: build it or set HERALD_BIN to its path", bin.display());
     bin
