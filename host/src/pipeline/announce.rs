@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::dedup::{Mark, Outcome};
+use super::dedup::{HeldMark, Mark, Outcome};
 use super::{Pipeline, SendError};
 use crate::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, Message, NodeId, UserId};
 use crate::routing::bus::{Origin, SendRequest};
@@ -72,23 +72,25 @@ impl Pipeline {
             SendOwner::Here { node, epoch } => OwnerClaim { node, epoch },
             SendOwner::Elsewhere(owner) => return self.announce_at(owner, message).await,
         };
-        match self.dedup.try_mark(sender, &message.client_msg_id, room).await {
-            Mark::Fresh => {}
+        // Held until completed or cancelled, or until this future is dropped midway (the
+        // HTTP request's timeout), which cancels it too.
+        let held = match self.dedup.try_mark(sender, &message.client_msg_id, room).await {
+            Mark::Fresh => HeldMark::new(Arc::clone(&self.dedup), sender.clone(), message.client_msg_id.clone()),
             Mark::Stored(original) => return Ok(Announced::stored(&original, true)),
             Mark::InFlight(original) => return original.await.map(|original| Announced::stored(&original, true)),
-        }
+        };
         let lane = self.lanes.get(room);
-        let client_msg_id = message.client_msg_id.clone();
         let (message, ticket) = match self.enqueue(&lane, message, claim).await {
             Ok(queued) => queued,
             Err(error) => {
-                self.dedup.cancel(sender, &client_msg_id).await;
+                held.cancel().await;
                 return Err(error);
             }
         };
-        let settled = self.settle(&lane, &message, ticket.wait().await).await;
-        if let Ok((_, outcome)) = &settled {
-            self.dedup.complete(sender, &message.client_msg_id, outcome.clone()).await;
+        let settled = self.settle(&lane, &message, ticket.wait().await);
+        match &settled {
+            Ok((_, outcome)) => held.complete(outcome.clone()).await,
+            Err(_) => held.cancel().await,
         }
         self.release(&lane).await;
         self.lanes.done_with(room, lane);

@@ -68,6 +68,56 @@ pub trait DedupMarks: Send + Sync + 'static {
     }
 }
 
+/// A mark a send took ([`Mark::Fresh`]) and holds until it is completed or cancelled.
+///
+/// Dropped before either — the send's future dropped midway, as a timeout around it or a
+/// closing connection does — it cancels the mark, so the client's retry is processed
+/// rather than left waiting on a send that will never end until the mark expires. Drop
+/// cannot wait, so that cancel runs as a task of its own: a retry that comes before it
+/// has run finds the mark pending, and is told to retry once it is gone. Cancelling a
+/// mark whose send did reach storage costs only a trip to the unique index, which answers
+/// the retry with the original's ids.
+pub struct HeldMark {
+    marks: Arc<dyn DedupMarks>,
+    /// Whose mark, until it is completed or cancelled.
+    held: Option<(UserId, ClientMsgId)>,
+}
+
+impl HeldMark {
+    /// The mark on (`sender`, `client_msg_id`) just taken from `marks`.
+    pub fn new(marks: Arc<dyn DedupMarks>, sender: UserId, client_msg_id: ClientMsgId) -> Self {
+        Self { marks, held: Some((sender, client_msg_id)) }
+    }
+
+    /// The send was stored with `outcome` ([`DedupMarks::complete`]).
+    pub async fn complete(mut self, outcome: Outcome) {
+        if let Some((sender, client_msg_id)) = &self.held {
+            self.marks.complete(sender, client_msg_id, outcome).await;
+        }
+        // Let go only once done: dropped midway, the mark is cancelled instead.
+        self.held = None;
+    }
+
+    /// The send failed: the mark is dropped now, before the answer that asks for a retry.
+    pub async fn cancel(mut self) {
+        if let Some((sender, client_msg_id)) = &self.held {
+            self.marks.cancel(sender, client_msg_id).await;
+        }
+        self.held = None;
+    }
+}
+
+impl Drop for HeldMark {
+    fn drop(&mut self) {
+        let Some((sender, client_msg_id)) = self.held.take() else { return };
+        // Without a runtime the process is ending; the mark's TTL heals it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let marks = Arc::clone(&self.marks);
+            runtime.spawn(async move { marks.cancel(&sender, &client_msg_id).await });
+        }
+    }
+}
+
 /// How a send in flight ends, for the duplicates waiting on it: `None` until then,
 /// `Some(Some(outcome))` once stored, `Some(None)` once cancelled.
 type Ending = watch::Sender<Option<Option<Outcome>>>;

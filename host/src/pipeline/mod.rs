@@ -5,7 +5,8 @@
 //! judged by the announce policy) → (per conversation, in order) seq → snowflake id → queue for
 //! group commit → wait until durable → `send_ack` → release to fan-out in seq order. Any
 //! failure after the dedup mark cancels it and answers `RETRY`, so the client's retry is
-//! processed, never swallowed (ARCHITECTURE.md §2).
+//! processed, never swallowed (ARCHITECTURE.md §2); so does a send dropped midway, its
+//! future abandoned by whoever awaited it ([`dedup::HeldMark`]).
 //!
 //! Acting as the owner is fenced (cluster mode): seqs are leased with the claim (this node,
 //! the epoch of the very ring view that made it the owner), and each message carries its
@@ -46,7 +47,7 @@ use crate::store::Ticket;
 use crate::store::{ConversationStore, Inserted, LeaseError, MessageStore, MessageWriter, OwnerClaim, StoreError};
 use crate::telemetry::registered;
 
-use dedup::{DedupMarks, Mark, Outcome};
+use dedup::{DedupMarks, HeldMark, Mark, Outcome};
 use lanes::{Lane, Lanes};
 use stage::{Stage, StageName};
 
@@ -292,8 +293,10 @@ impl Pipeline {
         let marking = Stage::start(StageName::Mark);
         let mark = self.dedup.try_mark(&sender, &client_msg_id, &conversation).await;
         marking.done();
-        match mark {
-            Mark::Fresh => {}
+        // From here on the mark is held: every way out completes or cancels it, and so does
+        // this future (or the wait it hands back) dropped midway.
+        let held = match mark {
+            Mark::Fresh => HeldMark::new(Arc::clone(&self.dedup), sender, client_msg_id.clone()),
             Mark::Stored(outcome) => return Admission::Done(stored(&request, Status::Duplicate, &outcome)),
             Mark::InFlight(original) => {
                 return Admission::Wait(Box::pin(async move {
@@ -303,16 +306,16 @@ impl Pipeline {
                     })
                 }));
             }
-        }
+        };
         let queueing = Stage::start(StageName::Queue);
         let queued = self.queue(&request, client_msg_id.clone(), conversation, claim).await;
         queueing.done();
         match queued {
             Ok((lane, message, ticket)) => {
-                Admission::Wait(Box::pin(self.clone().finish(request, lane, message, ticket)))
+                Admission::Wait(Box::pin(self.clone().finish(request, lane, message, ticket, held)))
             }
             Err(error) => {
-                self.dedup.cancel(&sender, &client_msg_id).await;
+                held.cancel().await;
                 Admission::Done(refused(&request, &error))
             }
         }
@@ -436,20 +439,24 @@ impl Pipeline {
         }
     }
 
-    /// Waits until the message is durable (or not), answers, and hands back the fan-out.
+    /// Waits until the message is durable (or not), answers, and hands back the fan-out
+    /// (which completes the `held` mark of a stored send). A send not stored has its mark
+    /// cancelled before it is answered, so the retry the answer asks for is processed.
     async fn finish(
         self: Arc<Self>,
         request: SendRequest,
         lane: Arc<Lane>,
         message: Message,
         ticket: Ticket,
+        held: HeldMark,
     ) -> Settled {
         let committing = Stage::start(StageName::Commit);
         let outcome = ticket.wait().await;
         committing.done();
-        let (ack, to_complete) = match self.settle(&lane, &message, outcome).await {
-            Ok((status, outcome)) => (stored(&request, status, &outcome), Some(outcome)),
+        let (ack, to_complete) = match self.settle(&lane, &message, outcome) {
+            Ok((status, outcome)) => (stored(&request, status, &outcome), Some((held, outcome))),
             Err(error) => {
+                held.cancel().await;
                 self.vitals.count_error();
                 (refused(&request, &error), None)
             }
@@ -460,9 +467,9 @@ impl Pipeline {
         let fan_out: FanOut = Box::pin(
             async move {
                 let complete = async {
-                    if let Some(outcome) = to_complete {
+                    if let Some((held, outcome)) = to_complete {
                         let completing = Stage::start(StageName::Complete);
-                        self.dedup.complete(&message.sender, &message.client_msg_id, outcome).await;
+                        held.complete(outcome).await;
                         completing.done();
                     }
                 };
@@ -534,11 +541,9 @@ impl Pipeline {
         SendError::Fenced
     }
 
-    /// Updates the lane with a storage outcome: the status and ids to answer with, or why
-    /// it was not stored. A send not stored has its dedup mark cancelled here; a stored one
-    /// (new or a duplicate the unique index found) is the caller's to complete, with the
-    /// ids returned.
-    async fn settle(
+    /// Updates the lane with a storage outcome: the status and ids to answer with (a new
+    /// message's, or those of the original the unique index found), or why it was not stored.
+    fn settle(
         &self,
         lane: &Lane,
         message: &Message,
@@ -559,7 +564,6 @@ impl Pipeline {
             }
             Err(error) => {
                 lane.finished(message.seq, None);
-                self.dedup.cancel(&message.sender, &message.client_msg_id).await;
                 if let StoreError::Fenced { .. } = error {
                     return Err(self.fenced(&message.conversation, &error.to_string()));
                 }

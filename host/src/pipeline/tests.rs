@@ -9,7 +9,9 @@ use super::Admission;
 use crate::model::{ConnectionId, NodeId};
 use crate::routing::bus::{SendAck, SendRequest};
 use crate::store::{ConversationStore, OwnerClaim, SeqLeases};
-use crate::testkit::{BusCall, Kit, Options, RecordingBus, THIS_NODE, conversation_id, request, settle, user_id, uuid};
+use crate::testkit::{
+    BusCall, Kit, Options, RecordingBus, THIS_NODE, conversation_id, poll, request, settle, user_id, uuid,
+};
 
 const DM: &str = "dm:alice:bob";
 
@@ -301,6 +303,32 @@ async fn a_retry_arriving_between_the_ack_and_the_completed_mark_answers_with_th
     assert_answers(&duplicate, &retry, Status::Duplicate);
     assert_eq!((duplicate.ack.message_id, duplicate.ack.seq), (settled.ack.ack.message_id, settled.ack.ack.seq));
     assert_eq!(kit.stored(DM).await.len(), 1, "stored once");
+}
+
+/// A send whose future is dropped midway, its dedup mark taken (as a timeout around it
+/// would drop it), lets the mark go: the client's retry with the same id is processed as
+/// a new send, not made to wait for an original that will never end.
+#[tokio::test]
+async fn a_send_dropped_midway_lets_the_retry_of_its_id_through() {
+    let kit = Kit::new().await;
+    let sent = request("alice", "phone", DM, &uuid(), "first try");
+    // Another send holds the conversation's lane: this one takes its mark, then waits its
+    // turn there until it is dropped.
+    let lane = kit.pipeline.lanes.get(&conversation_id(DM));
+    let turn = lane.admit.lock().await;
+    let mut admitting = Box::pin(kit.pipeline.admit(sent.clone()));
+    tokio::select! {
+        _ = &mut admitting => panic!("the send cannot end while another holds its lane"),
+        () = poll::until("the send took its mark", async || kit.pipeline.dedup.held_here() == 1) => {}
+    }
+    drop(admitting);
+    drop(turn);
+
+    poll::until("the dropped send's mark is let go", async || kit.pipeline.dedup.held_here() == 0).await;
+    let retried = kit.send(sent.clone()).await;
+    assert_answers(&retried, &sent, Status::Ok);
+    assert_eq!(retried.ack.seq, 1, "the dropped send took no seq");
+    assert_eq!(kit.stored(DM).await.len(), 1);
 }
 
 /// An archived announcement for a room another node owns goes to that node marked as an
