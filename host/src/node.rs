@@ -8,6 +8,7 @@
 
 mod cluster;
 mod peers;
+mod requests;
 mod sizes;
 
 use std::future::Future;
@@ -44,6 +45,7 @@ use crate::routing::{MemoryRouteTable, RouteTable};
 use crate::tls::Tls;
 pub use cluster::{Cluster, ClusterStatus};
 use peers::NodePeers;
+pub use requests::Presence;
 
 use crate::store::{
     ConversationStore, CursorStore, Database, GroupCommitter, GroupStore, MessageStore, MessageWriter, StoreError,
@@ -62,27 +64,34 @@ pub enum NodeError {
     Ids(#[from] ResumeError),
 }
 
-/// Everything a running node shares between its connections and its HTTP API.
+/// Everything a running node shares between its connections and its HTTP API. The HTTP
+/// API and the server ask it for what they want through its methods (most in
+/// `node/requests.rs`); its parts are its own.
 pub struct Node {
-    pub config: Config,
-    pub database: Database,
-    pub committer: GroupCommitter,
-    pub clock: Arc<dyn WallClock>,
-    pub routes: Arc<dyn RouteTable>,
+    config: Config,
+    database: Database,
+    /// Group commit in front of `database`: flushed and closed last at shutdown.
+    committer: GroupCommitter,
+    clock: Arc<dyn WallClock>,
+    /// Where connected devices are (presence).
+    routes: Arc<dyn RouteTable>,
     /// The WebSocket edge.
-    pub gateway: Arc<Gateway>,
-    pub membership: Arc<Membership>,
-    pub delivery: Arc<Delivery>,
-    pub pipeline: Arc<Pipeline>,
-    pub router: Arc<Router>,
+    gateway: Arc<Gateway>,
+    /// Groups (their API) and who may send and read.
+    membership: Arc<Membership>,
+    delivery: Arc<Delivery>,
+    /// The uplink; announcements come in through it.
+    pipeline: Arc<Pipeline>,
+    /// The owner of each key, and this node's id.
+    router: Arc<Router>,
     /// The Wasm plugins and their hot reload.
-    pub plugins: Arc<Plugins>,
+    plugins: Arc<Plugins>,
     /// Health counters, the last health sample and the delivery tier.
-    pub vitals: Arc<Vitals>,
+    vitals: Arc<Vitals>,
     /// This node's lease, peers and Redis seams; `None` in embedded mode.
-    pub cluster: Option<Arc<Cluster>>,
+    cluster: Option<Arc<Cluster>>,
     /// TLS for the client listener and node-to-node links; `None` when `[tls]` is off.
-    pub tls: Option<Tls>,
+    tls: Option<Tls>,
     /// Turns true at shutdown; every background loop stops on it.
     stop: watch::Sender<bool>,
     /// Shutdown was announced (`gateway.shutdown_delay_ms`): `/readyz` answers 503 while
@@ -340,12 +349,15 @@ impl Node {
         }
     }
 
-    /// Cluster mode: gives the lease up and removes this node's routes. Called last at
-    /// shutdown, once queued inserts are committed. Does nothing in embedded mode.
-    pub async fn leave_cluster(&self) {
+    /// The last step of shutdown, once the listener has stopped and
+    /// [`shut_down`](Self::shut_down) ran: commits the queued inserts; then, in cluster
+    /// mode, gives the lease up and removes this node's routes; then closes the database.
+    pub async fn close(&self) {
+        self.committer.clone().close().await;
         if let Some(cluster) = &self.cluster {
             cluster.leave().await;
         }
+        self.database.close().await;
     }
 }
 
@@ -524,11 +536,11 @@ async fn watch_health(
     let mut every = tokio::time::interval(interval);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Beside the depths below, so an alert can put them over the limit whatever it is set to.
-    metrics::gauge!("herald_gateway_send_queue_limit_frames").set(gateway.config.send_queue as f64);
+    metrics::gauge!("herald_gateway_send_queue_limit_frames").set(gateway.send_queue_limit() as f64);
     loop {
         every.tick().await;
-        let depths = gateway.connections.queue_depths();
-        let sample = sampler.sample(&vitals, depths, committer.write_latency(), gateway.intake.backlog());
+        let depths = gateway.queue_depths();
+        let sample = sampler.sample(&vitals, depths, committer.write_latency(), gateway.backlog());
         metrics::gauge!("herald_store_latency_p99_ms").set(f64::from(sample.health.store_latency_p99_ms));
         // The depths this sample already read, one per connection: exported as the node's
         // deepest queue and its p99, so the writers pay nothing more and no series is kept

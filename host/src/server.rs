@@ -61,7 +61,7 @@ pub async fn start(config: &Config) -> Result<RunningServer, ServeError> {
     let app = api::router(Arc::clone(&node));
     let (stop, stopped) = watch::channel(false);
     let socket = SocketOptions::of(config);
-    let tls = node.tls.as_ref().map(|tls| tls.acceptor().clone());
+    let tls = node.tls_acceptor();
     let scheme = if tls.is_some() { "https" } else { "http" };
     let task = tokio::spawn(serve_http(listener, app, socket, tls, stopped));
     tracing::info!(%addr, dev = config.dev, scheme, "herald is serving");
@@ -82,7 +82,7 @@ impl RunningServer {
     /// stops accepting, lets requests in flight finish, flushes queued writes and closes
     /// the database.
     pub async fn shutdown(self) {
-        let delay = self.node.config.gateway.shutdown_delay_ms;
+        let delay = self.node.config().gateway.shutdown_delay_ms;
         if delay > 0 {
             self.node.announce_shutdown();
             tracing::info!(delay_ms = delay, "/readyz answers 503 until the node stops accepting");
@@ -93,10 +93,7 @@ impl RunningServer {
         if let Err(error) = self.task.await {
             tracing::error!(%error, "server task failed");
         }
-        let node = self.node;
-        node.committer.clone().close().await;
-        node.leave_cluster().await;
-        node.database.close().await;
+        self.node.close().await;
     }
 }
 

@@ -31,14 +31,14 @@ pub async fn page() -> impl IntoResponse {
 }
 
 fn require_admin_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
-    require_key(node, headers, &node.config.api.admin_keys, "admin key")
+    require_key(node, headers, &node.config().api.admin_keys, "admin key")
 }
 
 /// `GET /admin/plugins`: name, version, content hash, hooks, calls, failures, p99 call
 /// time and state (with the last load error) of every plugin.
 pub async fn plugins(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
-    Ok(Json(json!({ "plugins": node.plugins.host.status() })))
+    Ok(Json(json!({ "plugins": node.plugins().status() })))
 }
 
 /// `GET /admin/health`: the last health sample, the delivery tier chosen from it and why,
@@ -46,9 +46,9 @@ pub async fn plugins(State(node): State<Arc<Node>>, headers: HeaderMap) -> Resul
 pub async fn health(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     Ok(Json(json!({
-        "tier": node.vitals.tier(),
-        "tier_reason": node.vitals.tier_reason(),
-        "health": node.vitals.last_sample(),
+        "tier": node.vitals().tier(),
+        "tier_reason": node.vitals().tier_reason(),
+        "health": node.vitals().last_sample(),
         "breakers": node.breakers(),
     })))
 }
@@ -59,9 +59,9 @@ pub async fn health(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result
 pub async fn series(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     Ok(Json(json!({
-        "interval_ms": node.config.delivery.degrade_interval_ms,
+        "interval_ms": node.config().delivery.degrade_interval_ms,
         "capacity": TIMELINE_POINTS,
-        "points": node.vitals.timeline(),
+        "points": node.vitals().timeline(),
     })))
 }
 
@@ -95,8 +95,8 @@ pub async fn route(
         .transpose()
         .map_err(|error| invalid(error.to_string()))?;
     if query.command.as_deref() == Some("connect") {
-        let routed = node.router.home(&user);
-        let placement = node.router.topology().view().homes.placement().name();
+        let routed = node.home(&user);
+        let placement = node.ring().homes.placement().name();
         return Ok(Json(json!({
             "key": routed.key, "owner": routed.owner, "this_node": node.this_node(), "placement": placement
         })));
@@ -116,7 +116,7 @@ pub async fn route(
             )));
         }
     };
-    let routed = node.router.route(command, &user, conversation.as_ref()).await;
+    let routed = node.route(command, &user, conversation.as_ref()).await;
     Ok(Json(json!({ "key": routed.key, "owner": routed.owner, "this_node": node.this_node() })))
 }
 
@@ -127,21 +127,20 @@ pub async fn route(
 /// one node owning every key.
 pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
-    let view = node.router.topology().view();
+    let view = node.ring();
     let ring = &view.ring;
     let nodes = ring.nodes().iter().map(|id| json!({ "id": id, "points": ring.points_of(*id) })).collect::<Vec<_>>();
-    let placement = node.gateway.homes.get().map(|homes| {
-        let mut status = json!(homes.status());
+    let placement = node.placement().map(|placement| {
+        let mut status = json!(placement);
         // What `herald cluster nginx-conf` sizes nginx's timeouts by.
-        status["heartbeat_ms"] = json!(node.config.gateway.heartbeat_ms);
+        status["heartbeat_ms"] = json!(node.config().gateway.heartbeat_ms);
         status
     });
-    Ok(Json(match &node.cluster {
+    Ok(Json(match node.cluster_status() {
         None => json!({
             "mode": "embedded", "this_node": node.this_node(), "epoch": view.epoch, "nodes": nodes, "placement": placement
         }),
-        Some(cluster) => {
-            let status = cluster.status();
+        Some(status) => {
             let members = status.members.iter().map(|(id, address)| json!({ "id": id, "advertise": address }));
             json!({
                 "mode": "cluster",
@@ -161,8 +160,7 @@ pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Resul
 pub async fn reload(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     let plugins = node
-        .plugins
-        .host
+        .plugins()
         .reload()
         .await
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "reload_failed", error.to_string()))?;
@@ -187,8 +185,8 @@ pub async fn start_recording(
         serde_json::from_slice::<RecordingOptions>(&body)
             .map_err(|error| ApiError::bad_request(format!("recording options: {error}")))?
     };
-    let file = node.config.data_dir.join("recordings").join(format!("{name}-{}.jsonl", node.clock.now_ms()));
-    let status = node.plugins.host.start_recording(&name, file, options).map_err(|error| match error {
+    let file = node.config().data_dir.join("recordings").join(format!("{name}-{}.jsonl", node.now_ms()));
+    let status = node.plugins().start_recording(&name, file, options).map_err(|error| match error {
         RecordingError::NotLoaded(_) => ApiError::not_found(error.to_string()),
         RecordingError::AlreadyRecording { .. } => ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string()),
         RecordingError::BadOptions(_) => ApiError::bad_request(error.to_string()),
@@ -208,7 +206,7 @@ pub async fn stop_recording(
 ) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
-    match node.plugins.host.stop_recording(&name) {
+    match node.plugins().stop_recording(&name) {
         Some(status) => Ok(Json(json!({ "plugin": name, "recording": status }))),
         None => Err(ApiError::not_found(format!("plugin `{name}` is not being recorded"))),
     }
@@ -225,7 +223,7 @@ pub async fn promote(
 ) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
-    match node.plugins.host.promote(&name).await {
+    match node.plugins().promote(&name).await {
         Ok(status) => Ok(Json(json!({ "plugin": status }))),
         Err(error @ PromoteError::NoShadow(_)) => Err(ApiError::not_found(error.to_string())),
         Err(error) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "promote_failed", error.to_string())),
@@ -241,7 +239,7 @@ pub async fn discard_shadow(
 ) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
-    match node.plugins.host.discard_shadow(&name).await {
+    match node.plugins().discard_shadow(&name).await {
         Ok(true) => Ok(Json(json!({ "plugin": name, "shadow": null }))),
         Ok(false) => Err(ApiError::not_found(format!("plugin `{name}` has no shadow"))),
         Err(error) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "discard_failed", error.to_string())),

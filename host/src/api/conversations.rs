@@ -39,7 +39,7 @@ pub async fn messages(
         ConversationId::parse(&conversation).map_err(|error| ApiError::bad_request(error.to_string()))?;
     // No limit: the page size `history` uses (0 asks for it); an explicit 0 means 1.
     let limit = page.limit.map_or(0, |limit| limit.max(1));
-    let read = node.delivery.page(&user, conversation, Span::After(page.after_seq), limit).await;
+    let read = node.history(&user, conversation, Span::After(page.after_seq), limit).await;
     let read = read.map_err(|error| match error {
         PullError::Invalid(reason) => ApiError::bad_request(reason),
         PullError::Limit(reason) => ApiError::new(StatusCode::CONFLICT, "limit_exceeded", reason),

@@ -50,7 +50,7 @@ pub async fn create(
     let mut members = request.members.iter().map(|m| user_id(m)).collect::<Result<Vec<_>, _>>()?;
     members.sort();
     members.dedup();
-    node.membership.create_group(&id, &members, node.clock.now_ms()).await.map_err(change_error)?;
+    node.create_group(&id, &members).await.map_err(change_error)?;
     let names: Vec<&str> = members.iter().map(UserId::as_str).collect();
     Ok((
         StatusCode::CREATED,
@@ -67,7 +67,7 @@ pub async fn add_member(
     require_api_key(&node, &headers)?;
     let (id, user) = path_params(params)?;
     let (id, user) = (group_id(&id)?, user_id(&user)?);
-    node.membership.add_member(&id, &user, node.clock.now_ms()).await.map_err(change_error)?;
+    node.add_member(&id, &user).await.map_err(change_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -80,6 +80,6 @@ pub async fn remove_member(
     require_api_key(&node, &headers)?;
     let (id, user) = path_params(params)?;
     let (id, user) = (group_id(&id)?, user_id(&user)?);
-    node.membership.remove_member(&id, &user).await.map_err(change_error)?;
+    node.remove_member(&id, &user).await.map_err(change_error)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -96,17 +96,17 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/admin/plugins/{name}/recording", post(admin::start_recording).delete(admin::stop_recording))
         .route("/admin/plugins/{name}/promote", post(admin::promote))
         .route("/admin/plugins/{name}/shadow", axum::routing::delete(admin::discard_shadow));
-    if node.config.dev {
+    if node.config().dev {
         limited = limited.route("/", get(|| async { Html(WEB_PAGE) }));
     }
     let limited = limited
         .route_layer(middleware::from_fn_with_state(Arc::clone(&node), limit_http))
-        .layer(DefaultBodyLimit::max(node.config.api.max_body_bytes));
+        .layer(DefaultBodyLimit::max(node.config().api.max_body_bytes));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/v1/ws", get(crate::gateway::upgrade).with_state(Arc::clone(&node.gateway)))
+        .route("/v1/ws", get(crate::gateway::upgrade).with_state(node.gateway()))
         .merge(limited)
         .fallback(not_found)
         .with_state(node)
@@ -123,11 +123,11 @@ async fn limit_http(
     next: Next,
 ) -> Response {
     if let Some(Extension(ConnectInfo(addr))) = peer
-        && let Err(refused) = node.gateway.intake.admit_http(addr.ip())
+        && let Err(refused) = node.admit_http(addr.ip())
     {
         return refused.into_response();
     }
-    let timeout = std::time::Duration::from_millis(node.config.api.request_timeout_ms);
+    let timeout = std::time::Duration::from_millis(node.config().api.request_timeout_ms);
     match tokio::time::timeout(timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
@@ -158,7 +158,7 @@ fn require_key(node: &Node, headers: &HeaderMap, keys: &[String], what: &str) ->
     let key = bearer(headers).ok_or_else(|| {
         ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", format!("send Authorization: Bearer <{what}>"))
     })?;
-    let dev_key = if node.config.dev { Some(DEV_KEY) } else { None };
+    let dev_key = if node.config().dev { Some(DEV_KEY) } else { None };
     let known = keys.iter().map(String::as_str).chain(dev_key).fold(subtle::Choice::from(0), |known, candidate| {
         known | subtle::ConstantTimeEq::ct_eq(candidate.as_bytes(), key.as_bytes())
     });
@@ -171,17 +171,14 @@ fn require_key(node: &Node, headers: &HeaderMap, keys: &[String], what: &str) ->
 
 /// Checks a server-to-server API key.
 fn require_api_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
-    require_key(node, headers, &node.config.api.keys, "api key")
+    require_key(node, headers, &node.config().api.keys, "api key")
 }
 
 /// The user a request's token belongs to.
 fn require_user(node: &Node, headers: &HeaderMap) -> Result<UserId, ApiError> {
     let token = bearer(headers)
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <token>"))?;
-    node.gateway
-        .auth
-        .authenticate(token)
-        .map_err(|error| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", error.to_string()))
+    node.authenticate(token).map_err(|error| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", error.to_string()))
 }
 
 /// Liveness: the process is up and answering.
@@ -218,10 +215,10 @@ async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>
 /// they stand now rather than recorded twice: pushes and redeliveries (its vitals), and each
 /// plugin's calls, failures, timeouts and call p99 (the runtime's, for `/admin/plugins`).
 async fn metrics(State(node): State<Arc<Node>>) -> impl axum::response::IntoResponse {
-    let vitals = &node.vitals;
+    let vitals = node.vitals();
     metrics::counter!("herald_delivery_pushes_total").absolute(vitals.pushes.load(Ordering::Relaxed));
     metrics::counter!("herald_delivery_redeliveries_total").absolute(vitals.redeliveries.load(Ordering::Relaxed));
-    for plugin in node.plugins.host.status() {
+    for plugin in node.plugins().status() {
         let name = plugin.name;
         metrics::counter!("herald_plugin_calls_total", "plugin" => name.clone()).absolute(plugin.calls);
         metrics::counter!("herald_plugin_failures_total", "plugin" => name.clone()).absolute(plugin.failures);

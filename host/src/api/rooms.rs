@@ -64,7 +64,7 @@ pub async fn announce(
         sender: request.sender.clone(),
         content: request.content.clone(),
     };
-    match node.plugins.host.announce_policy(&announcement).await {
+    match node.plugins().announce_policy(&announcement).await {
         AnnounceDecision::Defer(retry_after_ms) => {
             let seconds = retry_after_ms.div_ceil(1000).max(1);
             let body = json!({ "error": { "code": "rate_limited", "message": format!("room {room} is paced; retry after {retry_after_ms} ms"), "retry_after_ms": retry_after_ms } });
@@ -76,9 +76,7 @@ pub async fn announce(
         AnnounceDecision::Duplicate => {
             // Answered like a duplicate send: with the original's ids when it was archived.
             let original = match request.announcement_id.as_deref() {
-                Some(id) => {
-                    node.pipeline.announcement_original(&room, &sender, id).await.map_err(ApiError::unavailable)?
-                }
+                Some(id) => node.announcement_original(&room, &sender, id).await.map_err(ApiError::unavailable)?,
                 None => None,
             };
             let body = match original {
@@ -94,7 +92,6 @@ pub async fn announce(
         }
         AnnounceDecision::Accept(acceptance) => {
             let stored = node
-                .pipeline
                 .announce(
                     &room,
                     &sender,

@@ -26,15 +26,13 @@ pub async fn dev_token(
     State(node): State<Arc<Node>>,
     body: Result<Json<TokenRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    if !node.config.dev {
+    if !node.config().dev {
         return Err(ApiError::not_found("dev tokens exist in dev mode only"));
     }
     let Json(request) = body.map_err(|error| ApiError::rejected(error.status(), error.body_text()))?;
     let user = UserId::parse(&request.user).map_err(|error| ApiError::bad_request(error.to_string()))?;
     let token = node
-        .gateway
-        .auth
-        .issue(&user, node.clock.now_ms() / 1000, DEV_TOKEN_TTL_SECS)
+        .issue_token(&user, DEV_TOKEN_TTL_SECS)
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?;
     Ok(Json(json!({ "token": token })))
 }
@@ -50,23 +48,16 @@ pub async fn presence(
     require_api_key(&node, &headers)?;
     let user = path_params(user)?;
     let user = UserId::parse(&user).map_err(|error| ApiError::bad_request(error.to_string()))?;
-    let mut routes = node.routes.devices_of(std::slice::from_ref(&user)).await.map_err(ApiError::unavailable)?;
-    let devices: Vec<Value> = routes
-        .remove(&user)
-        .unwrap_or_default()
+    let presence = node.presence(&user).await.map_err(ApiError::unavailable)?;
+    let devices: Vec<Value> = presence
+        .devices
         .iter()
-        .filter(|route| !route.parked)
         .map(|route| json!({ "device": route.device.as_str(), "node_id": route.node, "connected_at_ms": route.connected_at_ms }))
         .collect();
-    let last_seen_ms = if devices.is_empty() {
-        node.routes.last_left(&user).await.map_err(ApiError::unavailable)?
-    } else {
-        Some(node.clock.now_ms())
-    };
     Ok(Json(json!({
         "user": user.as_str(),
         "online": !devices.is_empty(),
         "devices": devices,
-        "last_seen_ms": last_seen_ms,
+        "last_seen_ms": presence.last_seen_ms,
     })))
 }

@@ -31,7 +31,7 @@ mod writer;
 pub const DRAINING: &str = "server shutting down; reconnect";
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -58,12 +58,12 @@ use crate::routing::RouteTable;
 
 use crate::routing::Route;
 use crate::routing::router::Router;
-use auth::Authenticator;
+use auth::{AuthError, Authenticator};
 use connection::{CloseReason, Connection, Connections, close};
 use dispatch::{next_frame, read_loop};
 use heartbeat::Heartbeat;
-use homes::HomeCheck;
-use intake::{ConnectionPermit, FrameBudget, Intake, SendBudget};
+use homes::{HomeCheck, PlacementStatus};
+use intake::{ConnectionPermit, FrameBudget, Intake, Refused, SendBudget};
 use redirect::Redirects;
 use writer::{close_now, write_loop};
 
@@ -100,18 +100,22 @@ const WRITE_BUFFER_BYTES: usize = 16 * 1024;
 
 /// The edge of one node: what the gateway needs to admit a connection and serve it.
 pub struct Gateway {
-    pub config: GatewayConfig,
-    pub auth: Authenticator,
-    pub clock: Arc<dyn WallClock>,
-    pub routes: Arc<dyn RouteTable>,
+    config: GatewayConfig,
+    /// Checks the token of a `connect` (and of the HTTP API's user requests).
+    auth: Authenticator,
+    clock: Arc<dyn WallClock>,
+    /// Where each device is connected: written at attach, detach and kick.
+    routes: Arc<dyn RouteTable>,
     /// Open connections' transports (their sessions are delivery's).
-    pub connections: Connections,
-    pub pipeline: Arc<Pipeline>,
-    pub delivery: Arc<Delivery>,
+    connections: Connections,
+    /// Where a client's sends go.
+    pipeline: Arc<Pipeline>,
+    /// Sessions, acks and pulls.
+    delivery: Arc<Delivery>,
     /// The connect hook.
-    pub plugins: Arc<PluginHost>,
+    plugins: Arc<PluginHost>,
     /// Intake protection: send and HTTP buckets, the backlog, connection caps.
-    pub intake: Arc<Intake>,
+    intake: Arc<Intake>,
     next_connection: AtomicU64,
     /// Shutdown has begun: connections are sent away as soon as they are made.
     draining: AtomicBool,
@@ -119,7 +123,7 @@ pub struct Gateway {
     redirects: OnceLock<Redirects>,
     /// Counts connections away from their home node; set once, where the node is
     /// assembled ([`check_homes`](Self::check_homes)).
-    pub homes: OnceLock<HomeCheck>,
+    homes: OnceLock<HomeCheck>,
 }
 
 impl Gateway {
@@ -162,6 +166,63 @@ impl Gateway {
     /// This node.
     pub fn this_node(&self) -> NodeId {
         self.delivery.this_node()
+    }
+
+    /// The user a token was issued to, checked as a `connect`'s token is.
+    ///
+    /// # Errors
+    /// [`AuthError`] when the token is malformed, expired, or not signed by this node's
+    /// secret.
+    pub fn authenticate(&self, token: &str) -> Result<UserId, AuthError> {
+        self.auth.authenticate(token)
+    }
+
+    /// A token for `user`, valid for `ttl_secs` from now (dev mode's tokens).
+    ///
+    /// # Errors
+    /// [`AuthError`] when this node cannot sign tokens.
+    pub fn issue_token(&self, user: &UserId, ttl_secs: u64) -> Result<String, AuthError> {
+        self.auth.issue(user, self.clock.now_ms() / 1000, ttl_secs)
+    }
+
+    /// `intake.http_requests_per_ip`: whether an HTTP request from `client` may go on.
+    ///
+    /// # Errors
+    /// [`Refused`] when the address is over its rate; answer it as is.
+    pub fn admit_http(&self, client: IpAddr) -> Result<(), Refused> {
+        self.intake.admit_http(client)
+    }
+
+    /// Connections away from their home node and the upgrades a stale nginx routed
+    /// (`None` until [`check_homes`](Self::check_homes)).
+    pub fn placement(&self) -> Option<PlacementStatus> {
+        self.homes.get().map(HomeCheck::status)
+    }
+
+    /// The most frames a connection's send queue holds (`gateway.send_queue`).
+    pub fn send_queue_limit(&self) -> usize {
+        self.config.send_queue
+    }
+
+    /// How many frames wait in each open connection's send queue, for the health sample.
+    pub fn queue_depths(&self) -> Vec<u32> {
+        self.connections.queue_depths()
+    }
+
+    /// Sends taken in and not yet done, on every connection (the intake's backlog).
+    pub fn backlog(&self) -> usize {
+        self.intake.backlog()
+    }
+
+    /// Open connections, and the intake's rate buckets: the gateway's in-memory maps, for
+    /// their size gauges.
+    pub fn map_sizes(&self) -> (usize, usize) {
+        (self.connections.len(), self.intake.buckets())
+    }
+
+    /// Gives back the room the connections map grew to for a crowd that has left.
+    pub fn shrink_if_sparse(&self) {
+        self.connections.shrink_if_sparse();
     }
 
     /// Whether shutdown has begun.

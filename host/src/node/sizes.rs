@@ -38,8 +38,9 @@ impl Maps {
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         let sessions = self.delivery.sessions();
         let (rooms, subscribed_connections) = self.rooms.sizes();
+        let (connections, intake_buckets) = self.gateway.map_sizes();
         [
-            ("connections", count(self.gateway.connections.len())),
+            ("connections", count(connections)),
             ("sessions", count(sessions.len())),
             ("parked_sessions", count(sessions.parked_len())),
             ("routes", count(self.routes.held_here())),
@@ -50,7 +51,7 @@ impl Maps {
             ("dedup_marks", self.dedup.held_here()),
             ("group_lists", self.membership.cached_lists()),
             ("known_direct", self.pipeline.known_direct()),
-            ("intake_buckets", count(self.gateway.intake.buckets())),
+            ("intake_buckets", count(intake_buckets)),
             ("retry_timers", count(self.delivery.pending_retries())),
             ("hop_retries", count(self.delivery.waiting_hops())),
         ]
@@ -58,7 +59,7 @@ impl Maps {
 
     /// Gives back the room the per-connection maps grew to for a crowd that has left.
     fn shrink_if_sparse(&self) {
-        self.gateway.connections.shrink_if_sparse();
+        self.gateway.shrink_if_sparse();
         self.delivery.sessions().shrink_if_sparse();
         self.routes.shrink_if_sparse();
     }
