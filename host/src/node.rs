@@ -21,11 +21,13 @@ use tokio::sync::watch;
 
 use crate::breaker::{BreakerState, BreakerStatus};
 use crate::clock::{SystemClock, WallClock};
-use crate::config::{Config, DeliveryConfig};
+use crate::cluster::connection::RedisFailure;
+use crate::cluster::membership::JoinError;
+use crate::config::{Config, ConfigError, DeliveryConfig};
 use crate::delivery::sessions::Sessions;
 use crate::delivery::{Delivery, DeliveryStores, Reach};
 use crate::gateway::Gateway;
-use crate::gateway::auth::Authenticator;
+use crate::gateway::auth::{AuthError, Authenticator};
 use crate::gateway::intake::Intake;
 use crate::gateway::redirect::Redirects;
 use crate::health::{Sampler, Tier, Vitals};
@@ -36,13 +38,13 @@ use crate::model::NodeId;
 use crate::pipeline::dedup::{DedupMarks, LocalDedup};
 use crate::pipeline::lanes::{Lanes, OwnerFrontier};
 use crate::pipeline::{Pipeline, PipelineParts};
-use crate::plugins::{Hook, PluginHost, Plugins, types};
+use crate::plugins::{Hook, PluginError, PluginHost, Plugins, types};
 use crate::routing::bus::{LocalBus, NodeBus};
 use crate::routing::rooms::{MemoryRoomDirectory, RoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::StaticTopology;
 use crate::routing::{MemoryRouteTable, RouteTable};
-use crate::tls::Tls;
+use crate::tls::{Tls, TlsError};
 pub use cluster::{Cluster, ClusterStatus};
 use peers::NodePeers;
 pub use requests::Presence;
@@ -52,13 +54,34 @@ use crate::store::{
     StoreProbe,
 };
 
-/// Why a node could not be assembled.
+/// Why a node could not be assembled. A variant with a source names the step in its
+/// message and keeps the cause as its source, so a report of the chain (`herald serve`
+/// prints `{error:#}`) reads "step: cause" and a caller can still ask what failed; the
+/// larger causes are boxed, so a node that opens pays for none of them.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("invalid configuration")]
+    Settings(#[source] Box<ConfigError>),
+    #[error("invalid configuration")]
+    Auth(#[source] AuthError),
+    #[error("invalid configuration")]
+    Tls(#[source] Box<TlsError>),
+    #[error("invalid configuration: plugin runtime")]
+    Plugins(#[source] Box<PluginError>),
+    #[error("invalid configuration: cluster mode")]
+    Redis(#[source] Box<RedisFailure>),
+    #[error("invalid configuration: cannot accept node-to-node links on cluster.peer_listen {addr}")]
+    PeerListen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid configuration")]
+    Membership(#[source] Box<JoinError>),
     /// Message ids cannot resume above the ones this node id committed before.
     #[error(transparent)]
     Ids(#[from] ResumeError),
@@ -108,13 +131,15 @@ impl Node {
     /// [`NodeError`] when storage cannot be opened, the configuration is unusable, or the
     /// clock is too far behind the newest message id this node id committed before.
     pub async fn open(config: Config, listening: SocketAddr) -> Result<Arc<Self>, NodeError> {
-        config.validate().map_err(|error| NodeError::Config(error.to_string()))?;
+        config.validate().map_err(|error| NodeError::Settings(Box::new(error)))?;
         let gateway = &config.gateway;
-        let auth = Authenticator::new(required_secret(&config)?, config.dev)
-            .map_err(|error| NodeError::Config(error.to_string()))?
-            .expecting(gateway.jwt_issuer.as_deref(), gateway.jwt_audience.as_deref(), gateway.max_token_bytes);
+        let auth = Authenticator::new(required_secret(&config)?, config.dev).map_err(NodeError::Auth)?.expecting(
+            gateway.jwt_issuer.as_deref(),
+            gateway.jwt_audience.as_deref(),
+            gateway.max_token_bytes,
+        );
         crate::telemetry::install();
-        let tls = Tls::from_config(&config.tls).map_err(|error| NodeError::Config(error.to_string()))?;
+        let tls = Tls::from_config(&config.tls).map_err(|error| NodeError::Tls(Box::new(error)))?;
         let database = open_storage(&config).await?;
         let committer = GroupCommitter::start(database.clone(), &config.storage.group_commit);
         let cluster = match config.cluster.enabled() {
@@ -142,7 +167,7 @@ impl Node {
         let ids = crate::ids::resume(&database, this_node, SystemClock, config.ids.max_clock_wait);
         let (plugins, ids) = tokio::join!(plugins, ids);
         let ids: Arc<SnowflakeGenerator> = Arc::new(ids?);
-        let plugins = Arc::new(plugins.map_err(|error| NodeError::Config(format!("plugin runtime: {error}")))?);
+        let plugins = Arc::new(plugins.map_err(|error| NodeError::Plugins(Box::new(error)))?);
         let seams = match &cluster {
             Some(cluster) => cluster.seams(&config, &plugins.host),
             None => Seams::embedded(&config, &plugins.host),

@@ -133,14 +133,15 @@ pub enum PluginError {
     #[error("no plugins folder loaded yet; call load_dir first")]
     NoDirectory,
     /// The file watcher failed.
-    #[error("watching {path} for plugin changes: {message}")]
+    #[error("watching {path} for plugin changes: {source}")]
     Watch {
         /// The folder.
         path: PathBuf,
-        /// notify's message.
-        message: String,
+        /// notify's error.
+        #[source]
+        source: notify::Error,
     },
-    /// The blocking compile task died.
+    /// The blocking compile task died (it panicked, or the runtime is shutting down).
     #[error("plugin compile task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
 }

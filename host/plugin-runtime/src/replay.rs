@@ -71,7 +71,7 @@ pub async fn replay(plugin: impl AsRef<Path>, recording: impl AsRef<Path>) -> Re
     let recording_path = recording.as_ref().to_path_buf();
     let lines = {
         let path = recording_path.clone();
-        tokio::task::spawn_blocking(move || read_lines(&path)).await.map_err(|e| PluginError::Task(e.to_string()))??
+        tokio::task::spawn_blocking(move || read_lines(&path)).await.map_err(PluginError::Task)??
     };
     let mut lines = lines.into_iter();
     let (_, first) = lines.next().ok_or_else(|| bad(&recording_path, 1, "the recording is empty"))?;

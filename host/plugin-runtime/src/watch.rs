@@ -41,7 +41,7 @@ impl PluginHost {
     pub fn watch(&self) -> Result<PluginWatcher, PluginError> {
         let dir = self.dir().ok_or(PluginError::NoDirectory)?;
         let (tx, mut rx) = mpsc::unbounded_channel::<BTreeSet<PathBuf>>();
-        let watch_err = |e: notify::Error| PluginError::Watch { path: dir.clone(), message: e.to_string() };
+        let watch_err = |source: notify::Error| PluginError::Watch { path: dir.clone(), source };
         let debounce = Duration::from_millis(self.config().watch_debounce_ms.max(10));
         let mut debouncer = new_debouncer(debounce, None, move |result: DebounceEventResult| match result {
             Ok(events) => {

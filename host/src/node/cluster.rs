@@ -107,9 +107,11 @@ impl Cluster {
     /// upstream lists this node at.
     ///
     /// # Errors
-    /// [`NodeError::Config`] naming what failed: Redis unreachable, the peer address taken,
-    /// a pinned node id held by a live node, an unusable secret or client URL, shared
-    /// settings (`cluster.virtual_nodes`, `cluster.placement`) other than the cluster's.
+    /// [`NodeError`] naming what failed: Redis unreachable ([`NodeError::Redis`]), the peer
+    /// address taken ([`NodeError::PeerListen`]), a pinned node id held by a live node or
+    /// shared settings (`cluster.virtual_nodes`, `cluster.placement`) other than the
+    /// cluster's ([`NodeError::Membership`]), an unusable secret or client URL
+    /// ([`NodeError::Config`]).
     pub async fn join(
         config: &Config,
         tls: Option<Tls>,
@@ -130,11 +132,10 @@ impl Cluster {
         }
         let redis = RedisConnection::connect(url, settings.lease_ttl())
             .await
-            .map_err(|error| refuse(format!("cluster mode: {error}")))?;
-        let listener = TcpListener::bind(settings.peer_listen).await.map_err(|error| {
-            refuse(format!("cannot accept node-to-node links on cluster.peer_listen {}: {error}", settings.peer_listen))
-        })?;
-        let peer_listen = listener.local_addr().map_err(|error| refuse(error.to_string()))?;
+            .map_err(|error| NodeError::Redis(Box::new(error)))?;
+        let bind_failed = |source| NodeError::PeerListen { addr: settings.peer_listen, source };
+        let listener = TcpListener::bind(settings.peer_listen).await.map_err(bind_failed)?;
+        let peer_listen = listener.local_addr().map_err(bind_failed)?;
         // A port of 0 (tests) advertises the port it was given.
         let advertise = match settings.advertise {
             Some(advertise) => advertise,
@@ -154,10 +155,10 @@ impl Cluster {
         // a few slow lookups opened. Redis serves its clients in turn, so this one is heard.
         let lease_redis = RedisConnection::connect(url, settings.lease_ttl())
             .await
-            .map_err(|error| refuse(format!("cluster mode: {error}")))?;
+            .map_err(|error| NodeError::Redis(Box::new(error)))?;
         let membership = RedisMembership::join(lease_redis, keys.clone(), membership_settings)
             .await
-            .map_err(|error| refuse(error.to_string()))?;
+            .map_err(|error| NodeError::Membership(Box::new(error)))?;
         let redis = redis.with_breaker(Breaker::new("redis", settings.breaker()));
         // A route lives as long as a silent connection may: its node's upkeep refreshes it
         // three times in that while, and a connection past it is closed (its logout removes

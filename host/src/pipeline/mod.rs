@@ -69,8 +69,14 @@ pub enum SendError {
     StoreFailed,
     #[error("server shutting down; retry")]
     ShuttingDown,
+    /// The client is told only that the owner is out of reach; why stays in the source,
+    /// for the logs.
     #[error("conversation owned by node {owner}, which is not reachable from here")]
-    OwnerUnreachable { owner: NodeId, cause: BusError },
+    OwnerUnreachable {
+        owner: NodeId,
+        #[source]
+        cause: BusError,
+    },
     #[error("forwarded to this node, which no longer owns the conversation (node {owner} does); retry")]
     NotOwner { owner: NodeId },
     #[error("node {owner} owns the conversation and this request cannot be passed on to it; send it there")]

@@ -18,7 +18,7 @@ async fn move_files(dir: &Path, moves: &[(String, String)]) -> Result<(), Promot
     let (dir, moves) = (dir.to_path_buf(), moves.to_vec());
     tokio::task::spawn_blocking(move || move_files_now(&dir, &moves))
         .await
-        .map_err(|e| PromoteError::Load(PluginError::Task(e.to_string())))?
+        .map_err(|e| PromoteError::Load(PluginError::Task(e)))?
 }
 
 fn move_files_now(dir: &Path, moves: &[(String, String)]) -> Result<(), PromoteError> {
@@ -185,7 +185,7 @@ impl PluginHost {
             Ok(())
         })
         .await
-        .map_err(|e| PromoteError::Load(PluginError::Task(e.to_string())))??;
+        .map_err(|e| PromoteError::Load(PluginError::Task(e)))??;
         let mut slots = current.slots.clone();
         slots.remove(&stem);
         drop(current);

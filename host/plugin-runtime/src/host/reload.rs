@@ -51,9 +51,7 @@ impl PluginHost {
             files.sort();
             Ok(files)
         };
-        let files = tokio::task::spawn_blocking(move || read_dir(dir))
-            .await
-            .map_err(|e| PluginError::Task(e.to_string()))??;
+        let files = tokio::task::spawn_blocking(move || read_dir(dir)).await.map_err(PluginError::Task)??;
         let _guard = self.inner.reload_lock.lock().await;
         let current = self.inner.registry.load_full();
         let mut slots = BTreeMap::new();

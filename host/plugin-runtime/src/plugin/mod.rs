@@ -139,7 +139,7 @@ impl Plugin {
                     crate::cpu::counted_as_compile(|| Component::new(&engine, &wasm))
                 })
                 .await
-                .map_err(|e| PluginError::Task(e.to_string()))?
+                .map_err(PluginError::Task)?
                 .map_err(|e| PluginError::Compile { name: name.clone(), message: chain(&e) })?
             }
         };

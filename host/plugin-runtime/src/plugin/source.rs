@@ -113,7 +113,7 @@ impl Source {
         let known = known.map(|(stamp, hash)| (stamp.clone(), hash.to_owned()));
         tokio::task::spawn_blocking(move || Self::read_known(file, known.as_ref().map(|(s, h)| (s, h.as_str()))))
             .await
-            .map_err(|e| PluginError::Task(e.to_string()))?
+            .map_err(PluginError::Task)?
     }
 }
 
