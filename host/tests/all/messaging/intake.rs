@@ -131,7 +131,8 @@ async fn http_callers_over_their_rate_get_429_with_retry_after_and_probes_are_ne
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert_eq!(herald.get(path, None).await.status, 200, "{path} answers while the address is limited");
     }
-    // A token later, the caller is served again.
+    // A token later, the caller is served again. Waiting exactly what Retry-After said is
+    // the check (that it is the whole wait); a wait can only run long, never short.
     tokio::time::sleep(Duration::from_secs(retry_after)).await;
     assert_eq!(herald.get("/admin/health", Some(DEV_KEY)).await.status, 200);
 }
