@@ -13,7 +13,7 @@
 #     unloaded value, no RETRY).
 #
 # INTAKE is what an operator sets `intake.sends_per_node` to: a rate the node serves with a
-# low tail on this machine (seed 001 sizes it at 1.2× the expected peak). The default, 2,000,
+# low tail on this machine (about 1.2× the expected peak: docs/decisions/0002). The default, 2,000,
 # fits a 2-core box that also runs the load generator; 5,000 is at this box's limit, where
 # the tail is high before any spike. NODE_BURST (`intake.node_burst`, default INTAKE/20,
 # 50 ms of intake) is what the node admits at once above its rate: a large burst lets the

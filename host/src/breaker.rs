@@ -1,5 +1,6 @@
 //! Circuit breakers: a dependency that keeps failing is not called for a while, so callers
-//! fail at once instead of each spending its whole deadline on it (seed `001_…` §3.3).
+//! fail at once instead of each spending its whole deadline on it, and the dependency gets
+//! room to recover instead of a queue of retries (docs/decisions/0001).
 //!
 //! A [`Breaker`] is closed while calls succeed. [`BreakerConfig::failures`] failed or
 //! timed-out calls in a row, the run lasting at least [`BreakerConfig::span`], open it: for
@@ -36,7 +37,7 @@ pub struct BreakerConfig {
 }
 
 impl Default for BreakerConfig {
-    /// Seed 001: 10 consecutive timeouts open it for 5 s; here over at least 1 s.
+    /// 10 failures in a row over at least 1 s open it for 5 s (docs/decisions/0001).
     fn default() -> Self {
         Self { failures: 10, span: Duration::from_secs(1), open_for: Duration::from_secs(5) }
     }

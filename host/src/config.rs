@@ -99,7 +99,7 @@ pub struct DeliveryConfig {
     /// Random extra wait, as a share of the wait (0.3 = 0–30 %).
     pub jitter: f64,
     /// Pushes of one message to one device, the first included (6: the first push and 5
-    /// retries, as seed 001 counts them); then it waits for pull.
+    /// retries, over about a minute at the default waits); then it waits for pull.
     pub max_attempts: u32,
     /// Acked cursors are written to storage at most this often (coalesced). They share the
     /// single SQLite writer with messages: at 100 ms, flushes of a thousand devices' cursors

@@ -40,12 +40,13 @@ pub struct ClusterConfig {
     /// `go_away` names to send its clients to another node; unset: built from `listen`.
     pub client_url: Option<String>,
     /// Circuit breakers on Redis and on each peer link: this many failed or timed-out calls
-    /// in a row open the breaker (seed 001: 10).
+    /// in a row open the breaker (docs/decisions/0001).
     pub breaker_failures: u32,
     /// ...over at least this long (ms): calls failing together in one stall do not open it.
     pub breaker_span_ms: u64,
-    /// How long an open breaker refuses calls at once before it lets one through to probe
-    /// (seed 001: 5 s).
+    /// How long an open breaker refuses calls at once before it lets one through to probe:
+    /// long enough for a restarting dependency to come back, short enough that a recovered
+    /// one is used again within seconds.
     pub breaker_open_ms: u64,
     /// How clients' connections are spread over the nodes: `none` (by whatever balancer is
     /// in front), or by nginx hashing `?user=` (`nginx-consistent`, `nginx-hash`), which

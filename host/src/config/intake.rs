@@ -1,6 +1,8 @@
-//! `[intake]`: how much a node takes in before it pushes back (seed 001 §3.3: the intake
-//! is sized at about 1.2× the expected peak). Every rate is per second with a burst on
-//! top; 0 turns that limit off. Checked with the rest in
+//! `[intake]`: how much a node takes in before it pushes back. A node-wide rate is worth
+//! setting at about 1.2× the expected peak: room for a spike above it, none for one that
+//! would put every send behind; off by default, since only the operator knows the peak
+//! (docs/decisions/0002). Every rate is per second with a burst on top; 0 turns that limit
+//! off. Checked with the rest in
 //! [`Config::validate`](super::Config::validate).
 
 use serde::{Deserialize, Serialize};

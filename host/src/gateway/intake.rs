@@ -1,4 +1,5 @@
-//! Intake protection (seed 001 §3.3): what a node takes in before it pushes back.
+//! Intake protection: what a node takes in before it pushes back, so a surge is told to
+//! come back later instead of queueing until every send is late (docs/decisions/0002).
 //!
 //! Token buckets (GCRA, the `governor` crate) on new sends per connection, per user and per
 //! node, and on HTTP requests per client address; a cap on sends taken in and not yet done

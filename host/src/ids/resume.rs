@@ -9,8 +9,8 @@
 //!
 //! - the clock is past the mark: ids start at once;
 //! - it is behind by at most `ids.max_clock_wait_ms`: the node waits, and says so in the log,
-//!   until the clock has passed the mark (the design notes' "wait for the clock to align"
-//!   after a step back, done once at start instead of on the path of every id);
+//!   until the clock has passed the mark (a wait for the clock after a step back, done once
+//!   at start instead of on the path of every id, so no send ever waits for the clock);
 //! - it is further behind, or does not pass the mark within that wait: the node refuses to
 //!   start with [`ClockBehind`], which says by how much and what to change.
 //!

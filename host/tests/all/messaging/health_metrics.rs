@@ -1,4 +1,4 @@
-//! The five health metrics of seed 001 §4.4 in `/metrics`, each driven by a scripted
+//! The five health metrics (docs/decisions/0003) in `/metrics`, each driven by a scripted
 //! scenario: one device acks everything, one never acks; then the send queues, slow-consumer
 //! closes and messages stored as owner, driven by a device that never reads.
 //! `deploy/prometheus/alerts.yml` computes the ratios and percentiles from exactly these

@@ -1,4 +1,4 @@
-//! Room pacing as the announcement note (`004_…`) sets it, seen by clients of real nodes:
+//! Room pacing as game chat rooms need it, seen by clients of real nodes:
 //! each player may send one message every 400 ms in a room, however many others talk there
 //! (`room-rate-limit`'s manifest as shipped); announcements are paced per room on their own;
 //! and an announcement posted through a node that does not own the room is judged exactly
