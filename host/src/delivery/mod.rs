@@ -327,8 +327,8 @@ impl Delivery {
     }
 
     /// Removes a route found stale, if it still names that connection, and drops every
-    /// cached copy of its user's routes (seed `002_…`: a failed delivery ends the window of
-    /// a stale cache at once instead of at its TTL). In the background: the delivery goes on.
+    /// cached copy of its user's routes: a failed delivery ends the window of a stale cache
+    /// at once instead of at its TTL. In the background: the delivery goes on.
     fn forget_stale(&self, route: Route) {
         metrics::counter!("herald_route_stale_total").increment(1);
         let routes = Arc::clone(&self.reach.routes);

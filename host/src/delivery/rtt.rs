@@ -1,7 +1,7 @@
 //! The ack timeout of one connection, from its measured round trips: RFC 6298's estimator
 //! (a smoothed round trip and its variation; the timeout is the one plus four times the
-//! other), kept within `delivery.ack_timeout_ms` and `delivery.ack_timeout_max_ms` (seed
-//! 001: 10 s, up to 30 s on a jittery link). A device on a slow or jittery link is not
+//! other), kept within `delivery.ack_timeout_ms` and `delivery.ack_timeout_max_ms` (room for
+//! a jittery mobile link, whose round trips can take seconds). A device on a slow or jittery link is not
 //! pushed the same message again while its ack is still on the way; one on a fast link
 //! keeps the configured timeout.
 //!
