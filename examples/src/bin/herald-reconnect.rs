@@ -116,7 +116,15 @@ async fn run(args: &Args) -> Result<(), Error> {
         })
         .collect();
 
-    set_up.wait().await;
+    // A device that failed never reaches the barrier: its error ends the run instead.
+    if tokio::time::timeout(WAIT * 2, set_up.wait()).await.is_err() {
+        for task in tasks {
+            if task.is_finished() {
+                task.await??;
+            }
+        }
+        return Err("the devices did not finish setting up in time".into());
+    }
     // Let the acks of the set-up reach the cursors, then drop every device at once.
     tokio::time::sleep(Duration::from_millis(500)).await;
     phase.send_replace(Phase::Away);
@@ -126,6 +134,7 @@ async fn run(args: &Args) -> Result<(), Error> {
     // One message to each device while it is away.
     let mut sender = connect(&args.url, &notifier, &permits).await?;
     let mut ids = ClientMsgIds::new();
+    let mut unacked = std::collections::HashMap::new();
     for user in users.iter() {
         let send = v1::Send {
             client_msg_id: ids.next_id(),
@@ -134,16 +143,26 @@ async fn run(args: &Args) -> Result<(), Error> {
             body: "while away".into(),
         };
         let rid = sender.next_rid();
-        sender.feed(&Frame::new(rid, send)).await?;
+        sender.feed(&Frame::new(rid, send.clone())).await?;
+        unacked.insert(rid, send);
     }
     sender.flush().await?;
     let mut acked = 0;
     while acked < users.len() {
-        if let Body::SendAck(ack) = tokio::time::timeout(WAIT, sender.recv()).await??.body.ok_or("empty frame")? {
-            if ack.status() != v1::send_ack::Status::Ok {
-                return Err(format!("a send while away failed: {ack:?}").into());
+        let frame = tokio::time::timeout(WAIT, sender.recv()).await??;
+        if let Body::SendAck(ack) = frame.body.ok_or("empty frame")? {
+            let send = unacked.remove(&frame.rid).ok_or("an ack of no send")?;
+            match ack.status() {
+                v1::send_ack::Status::Ok => acked += 1,
+                // A busy node: the same send again, when it says.
+                v1::send_ack::Status::Retry => {
+                    tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms))).await;
+                    let rid = sender.next_rid();
+                    sender.send(&Frame::new(rid, send.clone())).await?;
+                    unacked.insert(rid, send);
+                }
+                _ => return Err(format!("a send while away failed: {ack:?}").into()),
             }
-            acked += 1;
         }
     }
 
@@ -217,6 +236,8 @@ async fn device(
     let mut connection = connect(&urls.first, me, permits).await?;
     // One message to each of the next `half` users; one arrives from each of the previous.
     let mut ids = ClientMsgIds::new();
+    // By request id, each send until its final ack: a RETRY (a busy node) is sent again.
+    let mut unacked = std::collections::HashMap::new();
     for k in 1..=half {
         let to = &users[(n + k) % users.len()];
         let send = v1::Send {
@@ -226,14 +247,29 @@ async fn device(
             body: "read".into(),
         };
         let rid = connection.next_rid();
-        connection.feed(&Frame::new(rid, send)).await?;
+        connection.feed(&Frame::new(rid, send.clone())).await?;
+        unacked.insert(rid, send);
     }
     connection.flush().await?;
     // Distinct conversations: a redelivery of a message not yet acked must not count twice.
     let (mut acks, mut delivered) = (0, std::collections::HashSet::new());
     while acks < half || delivered.len() < half {
-        match tokio::time::timeout(WAIT, connection.recv()).await??.body {
-            Some(Body::SendAck(_)) => acks += 1,
+        let frame = tokio::time::timeout(WAIT, connection.recv()).await??;
+        match frame.body {
+            Some(Body::SendAck(ack)) if ack.status() == v1::send_ack::Status::Retry => {
+                let send = unacked.remove(&frame.rid).ok_or("a RETRY of no send of this device")?;
+                tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms))).await;
+                let rid = connection.next_rid();
+                connection.send(&Frame::new(rid, send.clone())).await?;
+                unacked.insert(rid, send);
+            }
+            Some(Body::SendAck(ack)) if ack.status() == v1::send_ack::Status::Rejected => {
+                return Err(format!("a set-up send was rejected: {ack:?}").into());
+            }
+            Some(Body::SendAck(_)) => {
+                unacked.remove(&frame.rid);
+                acks += 1;
+            }
             Some(Body::Deliver(deliver)) => {
                 let message = deliver.message.ok_or("deliver without a message")?;
                 connection
