@@ -170,7 +170,7 @@ start_herald() {
     local port=$1 data=$2
     shift 2
     # A server left on the port would answer the health check below in this one's place.
-    ! ss -Htln "( sport = :$port )" | grep -q . || die "port $port is taken (another Herald left running?)"
+    [ -z "$(ss -Htln "( sport = :$port )")" ] || die "port $port is taken (another Herald left running?)"
     RUST_LOG=warn env -u HERALD_LOADTEST_PLUGINS -u HERALD_LOADTEST_PORT "$@" \
         "${herald_bin:-target/release/herald}" serve --dev --listen "127.0.0.1:$port" --data-dir "$data" \
         ${herald_flags[@]+"${herald_flags[@]}"} &
