@@ -15,7 +15,8 @@
 #
 # Cluster mode runs three nodes on the local PostgreSQL and Redis (scripts/cluster-lib.sh),
 # users spread over the nodes as herald-loadgen spreads them; per-message figures are
-# for the three nodes together, with each node's CPU beside them. A quiet machine matters:
+# for the three nodes together, with each node's CPU beside them (Herald's processes only:
+# PostgreSQL's and Redis's work is not counted). A quiet machine matters:
 # everything else running shows up in the servers' wake-ups.
 set -euo pipefail
 cd "$(dirname "$0")/.."
