@@ -159,6 +159,7 @@ async fn a_device_back_on_another_node_before_its_drop_is_noticed_resumes(topolo
     stale.ping().await;
     world.wait_until_backfills_over().await;
     let resumed = world.backfills("resumed").await;
+    let reconnects = world.total(r#"herald_gateway_reconnects_total{resumed="yes"}"#).await;
 
     let mut bob = world.connect(places.owner, "bob", "phone").await;
     stale.expect_close_code(4009, "the newer connection of the same device wins").await;
@@ -167,6 +168,8 @@ async fn a_device_back_on_another_node_before_its_drop_is_noticed_resumes(topolo
     let after = alice.send_ok(&conversation, "after the switch").await;
     assert_eq!(bob.deliver_of(after.message_id).await.message.expect("message").body.as_ref(), b"after the switch");
     assert_eq!(world.backfills("resumed").await, resumed + 1.0, "the reconnect resumed\n{}", world.log_tails());
+    let resumed_reconnects = world.total(r#"herald_gateway_reconnects_total{resumed="yes"}"#).await;
+    assert_eq!(resumed_reconnects, reconnects + 1.0, "counted as a resumed reconnect");
     world.stop().await;
 }
 

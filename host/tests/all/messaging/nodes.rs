@@ -163,6 +163,25 @@ impl Nodes {
         self.nodes.len() - 1
     }
 
+    /// The sum over the nodes up of the Prometheus sample `series`.
+    pub async fn total(&self, series: &str) -> f64 {
+        let mut sum = 0.0;
+        for at in self.up() {
+            sum += self.nodes[at].metric(series).await;
+        }
+        sum
+    }
+
+    /// Whether no node up has a backfill under way.
+    pub async fn backfills_over(&self) -> bool {
+        for at in self.up() {
+            if !self.nodes[at].backfills_over().await {
+                return false;
+            }
+        }
+        true
+    }
+
     /// The nodes up (neither killed nor paused).
     pub fn up(&self) -> Vec<usize> {
         (0..self.nodes.len()).filter(|at| !self.down.contains(at)).collect()

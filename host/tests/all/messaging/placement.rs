@@ -138,17 +138,6 @@ async fn every_user_lands_on_its_home_through_nginx_plain_hash() {
 /// Users connected through nginx when a fourth node joins and nginx reloads the config.
 const JOIN_USERS: usize = 300;
 
-/// The sum over the nodes up of the Prometheus sample `series`.
-async fn total(nodes: &Nodes, series: &str) -> f64 {
-    let mut sum = 0.0;
-    for at in nodes.up() {
-        let metrics = nodes.nodes[at].get("/metrics", None).await;
-        assert_eq!(metrics.status, 200, "{metrics:?}");
-        sum += metric(&metrics.body, series);
-    }
-    sum
-}
-
 /// A fourth node joins a placed cluster and nginx reloads the config `nginx-conf` prints
 /// for four: the users that move are only those the new node takes (consistent hashing:
 /// none moves between the old nodes), each lands where Herald says its home now is, and
@@ -170,7 +159,7 @@ async fn a_joining_node_takes_only_its_share_and_the_devices_it_takes_resume_the
     // Connected straight to node 0: a user that never moves.
     let mut sender = Client::connect(&nodes.nodes[0], "sender", "laptop").await;
     // A connection is resumed from once its own backfill is over.
-    nodes.wait_until("every backfill to end", async || backfills_over(&nodes).await).await;
+    nodes.wait_until("every backfill to end", async || nodes.backfills_over().await).await;
 
     let joined = nodes.add().await;
     let new_id = nodes.node_id(joined).await;
@@ -190,9 +179,9 @@ async fn a_joining_node_takes_only_its_share_and_the_devices_it_takes_resume_the
         })
         .await;
     // The probe's backfills are counted before the baseline is read.
-    nodes.wait_until("every backfill to end", async || backfills_over(&nodes).await).await;
-    let resumed = total(&nodes, r#"herald_delivery_backfills_total{path="resumed"}"#).await;
-    let full = total(&nodes, r#"herald_delivery_backfills_total{path="full"}"#).await;
+    nodes.wait_until("every backfill to end", async || nodes.backfills_over().await).await;
+    let resumed = nodes.total(r#"herald_delivery_backfills_total{path="resumed"}"#).await;
+    let full = nodes.total(r#"herald_delivery_backfills_total{path="full"}"#).await;
 
     let mut moved = 0;
     for (user, client, before) in users {
@@ -213,21 +202,11 @@ async fn a_joining_node_takes_only_its_share_and_the_devices_it_takes_resume_the
     // The new node's share of the ring varies with the addresses (ports of the system's
     // choosing): a quarter on average; plain hashing would move about three quarters.
     assert!(moved > 0 && share < 0.35, "{moved} of {JOIN_USERS} users moved");
-    let handed_over = total(&nodes, r#"herald_gateway_handovers_total{resumed="yes"}"#).await;
+    let handed_over = nodes.total(r#"herald_gateway_handovers_total{resumed="yes"}"#).await;
     assert_eq!(handed_over, moved as f64, "every moved device resumed from a handed-over ledger");
-    let resumed_now = total(&nodes, r#"herald_delivery_backfills_total{path="resumed"}"#).await - resumed;
+    let resumed_now = nodes.total(r#"herald_delivery_backfills_total{path="resumed"}"#).await - resumed;
     assert_eq!(resumed_now, JOIN_USERS as f64, "every device resumed, moved or not");
-    assert_eq!(total(&nodes, r#"herald_delivery_backfills_total{path="full"}"#).await, full, "no full backfill");
-}
-
-/// Whether no node up has a backfill under way.
-async fn backfills_over(nodes: &Nodes) -> bool {
-    for at in nodes.up() {
-        if !nodes.nodes[at].backfills_over().await {
-            return false;
-        }
-    }
-    true
+    assert_eq!(nodes.total(r#"herald_delivery_backfills_total{path="full"}"#).await, full, "no full backfill");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

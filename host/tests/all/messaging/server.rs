@@ -288,6 +288,14 @@ impl Herald {
         }
     }
 
+    /// The value of the Prometheus sample `series` (name with labels) in `/metrics`, 0 when
+    /// absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let metrics = self.get("/metrics", None).await;
+        assert_eq!(metrics.status, 200, "{metrics:?}");
+        super::metric(&metrics.body, series)
+    }
+
     /// Whether no backfill is under way here (`herald_delivery_backfills_unfinished`): a
     /// connection is resumed from only once its own backfill is over.
     pub async fn backfills_over(&self) -> bool {

@@ -153,17 +153,18 @@ impl World {
         presence.json()
     }
 
+    /// The Prometheus sample `series` summed over every node.
+    pub async fn total(&self, series: &str) -> f64 {
+        match self {
+            Self::One(herald) => herald.metric(series).await,
+            Self::Three(nodes) => nodes.total(series).await,
+        }
+    }
+
     /// How many backfills every node together ran by `path` (`full` or `resumed`), as
     /// their `/metrics` count them.
     pub async fn backfills(&self, path: &str) -> f64 {
-        let series = format!(r#"herald_delivery_backfills_total{{path="{path}"}}"#);
-        let mut total = 0.0;
-        for at in 0..self.count() {
-            let metrics = self.node(at).get("/metrics", None).await;
-            assert_eq!(metrics.status, 200, "{metrics:?}");
-            total += super::metric(&metrics.body, &series);
-        }
-        total
+        self.total(&format!(r#"herald_delivery_backfills_total{{path="{path}"}}"#)).await
     }
 
     /// Waits until no node has a backfill under way
@@ -172,13 +173,9 @@ impl World {
     pub async fn wait_until_backfills_over(&self) {
         let over = poll().within(WAIT).every(Duration::from_millis(20));
         let outcome = over
-            .try_until("every backfill to end", async || {
-                for at in 0..self.count() {
-                    if !self.node(at).backfills_over().await {
-                        return false;
-                    }
-                }
-                true
+            .try_until("every backfill to end", async || match self {
+                Self::One(herald) => herald.backfills_over().await,
+                Self::Three(nodes) => nodes.backfills_over().await,
             })
             .await;
         if let Err(timed_out) = outcome {
