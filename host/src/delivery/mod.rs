@@ -244,11 +244,22 @@ impl Delivery {
                 elsewhere.entry(node).or_default().insert(user.clone());
             }
         }
-        // One hop per node, all at once.
-        let hops = elsewhere.into_iter().map(|(node, users)| {
-            let message = Arc::clone(&message);
+        let elsewhere = elsewhere.into_iter().map(|(node, users)| (node, users.into_iter().collect()));
+        self.deliver_elsewhere(&message, elsewhere, addressed).await;
+        registered!(counter, "herald_delivery_fanouts_total").increment(1);
+    }
+
+    /// Asks each node to push `message` to its devices of the users named with it, one hop
+    /// per node, all at once.
+    async fn deliver_elsewhere(
+        self: &Arc<Self>,
+        message: &Arc<Message>,
+        hops: impl Iterator<Item = (NodeId, Vec<UserId>)>,
+        addressed: Addressed,
+    ) {
+        let hops = hops.map(|(node, users)| {
+            let message = Arc::clone(message);
             async move {
-                let users: Vec<UserId> = users.into_iter().collect();
                 let outcome = self.reach.bus.deliver(node, Arc::clone(&message), &users, addressed).await;
                 outcome.map_err(|error| (error, Hop { node, message, ask: Ask::Deliver { users, addressed } }))
             }
@@ -263,7 +274,6 @@ impl Delivery {
             }
             self.retry_hop(hop, &error);
         }
-        registered!(counter, "herald_delivery_fanouts_total").increment(1);
     }
 
     /// Pushes `message` to the devices of `users` connected to this node (another node's
@@ -299,18 +309,7 @@ impl Delivery {
         if onward.is_empty() {
             return;
         }
-        let message = Arc::new(message.clone());
-        let hops = onward.into_iter().map(|(node, users)| {
-            let message = Arc::clone(&message);
-            async move {
-                let outcome = self.reach.bus.deliver(node, Arc::clone(&message), &users, Addressed::ByRoute).await;
-                let addressed = Addressed::ByRoute;
-                outcome.map_err(|error| (error, Hop { node, message, ask: Ask::Deliver { users, addressed } }))
-            }
-        });
-        for (error, hop) in join_all(hops).await.into_iter().filter_map(Result::err) {
-            self.retry_hop(hop, &error);
-        }
+        self.deliver_elsewhere(&Arc::new(message.clone()), onward.into_iter(), Addressed::ByRoute).await;
     }
 
     /// Removes the routes of `users` that name this node but no connection of it.
