@@ -300,6 +300,11 @@ impl Message {
 pub struct DeviceLedger {
     pub acked: std::collections::BTreeMap<ConversationId, u64>,
     pub read_after: std::collections::BTreeMap<ConversationId, u64>,
+    /// Set on a ledger restored after its node restarted: the node heard nothing from the
+    /// message with this id on (it was down, or its last save of the ledger was older), so
+    /// the connection that takes over also reads every conversation of the device that
+    /// changed since, which only storage knows.
+    pub since_id: Option<u64>,
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! names.
 
 mod cluster;
+mod ledgers;
 mod peers;
 mod requests;
 mod sizes;
@@ -24,6 +25,7 @@ use crate::clock::{SystemClock, WallClock};
 use crate::cluster::connection::RedisFailure;
 use crate::cluster::membership::JoinError;
 use crate::config::{Config, ConfigError, DeliveryConfig};
+use crate::delivery::ledgers::LedgerKeeper;
 use crate::delivery::sessions::Sessions;
 use crate::delivery::{Delivery, DeliveryStores, Reach};
 use crate::gateway::Gateway;
@@ -113,6 +115,8 @@ pub struct Node {
     vitals: Arc<Vitals>,
     /// This node's lease, peers and Redis seams; `None` in embedded mode.
     cluster: Option<Arc<Cluster>>,
+    /// Saves the devices' ledgers for a restart (placement mode only).
+    ledgers: Option<Arc<LedgerKeeper>>,
     /// TLS for the client listener and node-to-node links; `None` when `[tls]` is off.
     tls: Option<Tls>,
     /// Turns true at shutdown; every background loop stops on it.
@@ -210,6 +214,14 @@ impl Node {
             intake,
         ));
         gateway.check_homes(Arc::clone(&seams.router));
+        let ledgers = match &cluster {
+            Some(cluster) => {
+                let (sessions, clock) = (Arc::clone(&seams.sessions), Arc::clone(&seams.clock));
+                let (placement, restore) = (config.cluster.placement, config.cluster.restore_devices);
+                ledgers::take_back(cluster, placement, restore, &gateway, sessions, clock, &seams.router).await
+            }
+            None => None,
+        };
         let maps = sizes::Maps {
             gateway: Arc::clone(&gateway),
             delivery: Arc::clone(&delivery),
@@ -234,6 +246,7 @@ impl Node {
             plugins,
             vitals,
             cluster,
+            ledgers,
             tls,
             stop: watch::Sender::new(false),
             leaving: AtomicBool::new(false),
@@ -255,6 +268,9 @@ impl Node {
             let upkeep = Duration::from_millis(node.config.gateway.client_timeout_ms / 3);
             node.spawn_until_stopped(Arc::clone(cluster).keep_routes(Arc::clone(&held_here.sessions), upkeep));
             node.spawn_until_stopped(Arc::clone(cluster).reassert_after_data_loss(held_here));
+        }
+        if let Some(keeper) = &node.ledgers {
+            node.spawn_until_stopped(Arc::clone(keeper).keep_saving(ledgers::SAVE_EVERY));
         }
         Ok(node)
     }
@@ -317,6 +333,12 @@ impl Node {
     pub async fn shut_down(&self) {
         let redirects = async {
             match &self.cluster {
+                // Devices have a home: they come back to this node through nginx once it
+                // is up again, and resume from the ledgers it saves now.
+                Some(cluster) if self.ledgers.is_some() => {
+                    cluster.redirect_targets().await;
+                    Redirects::none()
+                }
                 Some(cluster) => Redirects::new(cluster.redirect_targets().await),
                 None => Redirects::none(),
             }
@@ -324,6 +346,12 @@ impl Node {
         self.gateway.drain(redirects).await;
         self.stop.send_replace(true);
         self.delivery.flush_cursors().await;
+        if let Some(keeper) = &self.ledgers {
+            match keeper.save().await {
+                Ok(()) => tracing::info!("devices' ledgers saved for this node's return"),
+                Err(error) => tracing::warn!(%error, "could not save the devices' ledgers; they backfill in full"),
+            }
+        }
     }
 
     /// Announces shutdown: from now on `/readyz` answers 503 `draining`, while everything

@@ -589,6 +589,10 @@ impl MessageStore for ReadLog {
         self.database.latest_seq(conversation).await
     }
 
+    async fn changed_since(&self, since_id: u64) -> Result<Vec<(ConversationId, u64)>, StoreError> {
+        self.database.changed_since(since_id).await
+    }
+
     async fn message_by_client_id(
         &self,
         sender: &UserId,

@@ -105,6 +105,20 @@ impl KeyPrefix {
         format!("{}node:{{cluster}}:clients", self.0)
     }
 
+    /// `ledger:{a:<client>:<slot>}`: a hash of `<user>|<device>` → the saved ledger
+    /// (`SavedLedger`) of a device held by the node clients reach at `<client>` (its
+    /// `host:port`, which a restart keeps where the node id may change), for one of its
+    /// [`LEDGER_SLOTS`](super::redis_ledgers::LEDGER_SLOTS) slots.
+    pub(crate) fn ledgers(&self, client: &str, slot: u32) -> String {
+        format!("{}ledger:{{a:{client}:{slot}}}", self.0)
+    }
+
+    /// `ledger:{a:<client>}:as_of`: when the ledgers of that node were last all true (ms
+    /// since the Unix epoch, the node's clock).
+    pub(crate) fn ledgers_as_of(&self, client: &str) -> String {
+        format!("{}ledger:{{a:{client}}}:as_of", self.0)
+    }
+
     /// `node:{cluster}:settings`: the settings every node of the cluster must share
     /// (`cluster.virtual_nodes`, `cluster.placement`), written by a join that finds no live
     /// node and compared by every other join.

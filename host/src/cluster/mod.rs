@@ -15,6 +15,7 @@
 //! | [`PluginKv`](herald_plugin_runtime::PluginKv) (plugin runtime) | `MemoryKv` | [`RedisPluginKv`] |
 //! | [`RateLimiter`](herald_plugin_runtime::RateLimiter) (plugin runtime) | `MemoryLimiter` | [`RedisRateLimiter`] |
 //! | [`NodeBus`](crate::routing::bus::NodeBus) | `LocalBus` | [`peer::PeerBus`]: TCP links between nodes, not Redis |
+//! | [`LedgerStore`](crate::delivery::ledgers::LedgerStore) | none (embedded mode has no home nodes) | [`RedisLedgers`], with `cluster.placement` set |
 //!
 //! `node.rs` picks one implementation per seam once, at start-up, when `cluster.redis_url`
 //! is set (ARCHITECTURE.md §5); nothing above the seams asks which mode it runs in. All
@@ -40,6 +41,8 @@
 //! | `node:{cluster}:settings` | string | `virtual_nodes=<n> placement=<mode>`: what every node must share, written by a join that finds no live node, compared by every other join | none |
 //! | `node:{cluster}:epoch` | string | the counter every membership change increments | none |
 //! | `node:{cluster}:generation` | string | a random name of Redis's data set, to tell a forgotten lease from a lapsed one | none |
+//! | `ledger:{a:<client>:<slot>}` | hash | `<user>\|<device>` → the device's saved ledger (`SavedLedger`, protobuf) on the node clients reach at `<client>` (`host:port`); 64 slots by CRC32 of the user ([`redis_ledgers`]) | a day from its last write |
+//! | `ledger:{a:<client>}:as_of` | string | when that node's saved ledgers were last all true (ms, the node's clock) | a day from its last write |
 //! | `node:{cluster}:clients` | hash | node id → the URL clients reach it at, which a draining node's `go_away` names ([`client_urls`]) | none: removed when the node drains and when it leaves; readers skip nodes without a live lease |
 //!
 //! Names are `[A-Za-z0-9._@-]` (model.rs), so a name never contains `{`, `}`, `|` or `:`
@@ -64,6 +67,7 @@ pub mod nginx_conf;
 pub mod peer;
 pub mod plugin_state;
 pub mod redis_dedup;
+pub mod redis_ledgers;
 pub mod redis_rooms;
 pub mod redis_routes;
 
@@ -74,6 +78,7 @@ pub use connection::{RedisConnection, RedisFailure};
 pub use keys::{InvalidPrefix, KeyPrefix};
 pub use plugin_state::{RedisPluginKv, RedisRateLimiter};
 pub use redis_dedup::{MarkLifetimes, RedisDedup};
+pub use redis_ledgers::RedisLedgers;
 pub use redis_rooms::RedisRoomDirectory;
 pub use redis_routes::{RedisRouteTable, RouteLifetimes, Upkeep};
 

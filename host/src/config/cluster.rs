@@ -53,6 +53,10 @@ pub struct ClusterConfig {
     /// gives every user a home node that Herald computes as nginx does. The same on every
     /// node of a cluster (checked at join).
     pub placement: Placement,
+    /// With `placement` set: save the devices' ledgers in Redis (about once a second, and at
+    /// shutdown) and, on start, park those of the devices whose home this node is, so that
+    /// a restarted node resumes its devices instead of backfilling them in full.
+    pub restore_devices: bool,
 }
 
 /// `cluster.placement`: which node a user's connections are meant to reach.
@@ -125,6 +129,7 @@ impl Default for ClusterConfig {
             breaker_span_ms: 1_000,
             breaker_open_ms: 5_000,
             placement: Placement::None,
+            restore_devices: true,
         }
     }
 }

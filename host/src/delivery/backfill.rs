@@ -68,18 +68,31 @@ impl Delivery {
         let full = resumed.is_none();
         metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" })
             .increment(1);
-        let mut positions = match resumed {
-            Some(owed) => owed,
-            None => match self.device_conversations(&session.user, &session.device).await {
-                Ok(conversations) => conversations,
+        // A ledger restored after a restart knows what its device lacked when it was saved;
+        // what changed while the node was down, storage says.
+        let since = session.since().filter(|_| !full);
+        let mut positions = resumed.unwrap_or_default();
+        let mut full = full;
+        if let Some(since) = since
+            && !self.add_changed(&session, since, &mut positions, true).await
+        {
+            full = true;
+        }
+        if full {
+            match self.device_conversations(&session.user, &session.device).await {
+                Ok(conversations) => {
+                    for (conversation, cursor) in conversations {
+                        positions.entry(conversation).and_modify(|p| *p = (*p).min(cursor)).or_insert(cursor);
+                    }
+                }
                 Err(error) => {
                     tracing::warn!(%error, "backfill: storage unavailable; the device can sync");
                     self.vitals.count_error();
                     session.skip_backfill();
                     return;
                 }
-            },
-        };
+            }
+        }
         if !self.push_after(&session, &mut positions).await {
             return;
         }
@@ -117,8 +130,16 @@ impl Delivery {
             for (conversation, cursor) in now {
                 positions.entry(conversation).or_insert(cursor);
             }
+        } else if let Some(since) = since
+            && !self.add_changed(&session, since, &mut positions, false).await
+            && let Ok(now) = self.device_conversations(&session.user, &session.device).await
+        {
+            for (conversation, cursor) in now {
+                positions.entry(conversation).or_insert(cursor);
+            }
         }
         if self.push_after(&session, &mut positions).await {
+            session.clear_since();
             session.end_claims();
         }
     }

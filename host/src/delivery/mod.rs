@@ -13,7 +13,9 @@ pub mod backfill;
 pub mod cursors;
 pub mod filter;
 mod hops;
+pub mod ledgers;
 pub mod pull;
+pub mod restored;
 mod retries;
 pub mod rtt;
 pub mod session;
@@ -87,6 +89,8 @@ pub struct Delivery {
     hops: HopRetries,
     /// Who of a message's recipients must not get it (the `deliver-filter` hook).
     filter: Arc<dyn RecipientFilter>,
+    /// What changed while this node was down, for devices whose ledgers it restored.
+    changed: restored::ChangedSince,
 }
 
 /// The wire form of a stored message.
@@ -136,6 +140,7 @@ impl Delivery {
             retries: RetryTimers::start(),
             hops,
             filter,
+            changed: restored::ChangedSince::default(),
         }
     }
 

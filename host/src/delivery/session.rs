@@ -13,7 +13,7 @@
 //! never fall between two of them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -47,6 +47,23 @@ pub trait Outbox: Send + Sync + 'static {
     fn is_closed(&self) -> bool;
 }
 
+/// The outbox of a session restored after a restart, whose connection is long gone: it
+/// takes nothing.
+struct Gone;
+
+#[async_trait]
+impl Outbox for Gone {
+    fn push(&self, _frame: Frame) -> bool {
+        false
+    }
+    async fn push_waiting(&self, _frame: Frame) -> bool {
+        false
+    }
+    fn is_closed(&self) -> bool {
+        true
+    }
+}
+
 /// A device's authenticated connection, for delivery.
 pub struct Session {
     /// Unique on this node.
@@ -68,6 +85,9 @@ pub struct Session {
     newest_push: Mutex<HashMap<ConversationId, NewestPush>>,
     /// This connection's round trips, for its ack timeout.
     pub rtt: RttEstimate,
+    /// Counts the changes to what [`Session::snapshot`] would say, so that an unchanged
+    /// ledger is not saved again.
+    changes: AtomicU64,
 }
 
 /// The newest first push of a conversation not yet acked (see `Session::note_push`).
@@ -135,6 +155,10 @@ struct Ledger {
     /// Set on a connection that resumed from its predecessor: the conversations its
     /// backfill reads, each with the seq after which the device may lack messages.
     resume: Option<BTreeMap<ConversationId, u64>>,
+    /// From a ledger restored after a restart ([`DeviceLedger::since_id`]): the lowest
+    /// message id this node may have missed for the device; every conversation changed
+    /// from it on is read too.
+    since: Option<u64>,
 }
 
 impl Ledger {
@@ -188,7 +212,48 @@ impl Session {
             ledger: Mutex::new(Ledger::default()),
             newest_push: Mutex::default(),
             rtt: RttEstimate::default(),
+            changes: AtomicU64::new(0),
         }
+    }
+
+    /// A parked session rebuilt from a ledger saved before this node restarted
+    /// ([`Session::snapshot`]): its device's old connection, as if it had dropped just now.
+    /// Offers are noted as owed, and a new connection of the device resumes from it as
+    /// from any parked session.
+    pub fn restored(id: ConnectionId, user: UserId, device: DeviceId, ledger: DeviceLedger) -> Self {
+        let session = Self::new(id, user, device, Arc::new(Gone));
+        *session.acked.lock().unwrap_or_else(|p| p.into_inner()) = ledger.acked.into_iter().collect();
+        let mut own = session.ledger();
+        own.backfill_done = true;
+        own.parked = true;
+        own.since = ledger.since_id;
+        for (conversation, after) in ledger.read_after {
+            own.owe(&conversation, after.saturating_add(1));
+        }
+        drop(own);
+        session
+    }
+
+    /// How many times what [`Session::snapshot`] says may have changed; equal counts mean
+    /// an equal snapshot.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
+    }
+
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Where the device stands now, for saving: what a connection taking over from this one
+    /// would get ([`Session::hand_over`]), without taking over. `None` when this one does
+    /// not know all its device may lack (backfill not over, too much owed) or another
+    /// connection took over already.
+    pub fn snapshot(&self) -> Option<DeviceLedger> {
+        let ledger = self.ledger();
+        if ledger.successor.is_some() {
+            return None;
+        }
+        self.ledger_of(&ledger)
     }
 
     /// Notes a first push of `seq` of `conversation`: live (`sent_at_ms` given, when it was
@@ -274,6 +339,9 @@ impl Session {
         let moved = seq > *position;
         *position = (*position).max(seq);
         drop(acked);
+        if moved {
+            self.changed();
+        }
         self.forget_claims_through(conversation, seq);
         moved
     }
@@ -281,7 +349,11 @@ impl Session {
     /// Claims the first push of `seq` of `conversation`: false if backfill or live push
     /// already pushed it, or the device acked it already.
     pub fn claim_push(&self, conversation: &ConversationId, seq: u64) -> bool {
-        seq > self.acked_through(conversation) && self.ledger().claim(conversation, seq)
+        let claimed = seq > self.acked_through(conversation) && self.ledger().claim(conversation, seq);
+        if claimed {
+            self.changed();
+        }
+        claimed
     }
 
     /// Live fan-out offers `seq` of `conversation` to this device: [`Offered::Push`] names
@@ -305,9 +377,17 @@ impl Session {
         }
         if ledger.parked || !self.is_live() {
             ledger.owe(conversation, seq);
+            drop(ledger);
+            self.changed();
             return Offered::Held;
         }
-        if ledger.claim(conversation, seq) { Offered::Push(Arc::clone(self)) } else { Offered::Held }
+        if ledger.claim(conversation, seq) {
+            drop(ledger);
+            self.changed();
+            Offered::Push(Arc::clone(self))
+        } else {
+            Offered::Held
+        }
     }
 
     /// The connection dropped: keep it for a while. False (nothing to keep) when another
@@ -356,22 +436,28 @@ impl Session {
             return None;
         }
         old.successor = Some(successor);
-        if !old.backfill_done || old.overflowed {
+        self.changed();
+        self.ledger_of(&old)
+    }
+
+    /// What `ledger` (this session's, locked) says the device may lack, if it knows all.
+    fn ledger_of(&self, ledger: &Ledger) -> Option<DeviceLedger> {
+        if !ledger.backfill_done || ledger.overflowed {
             return None;
         }
         let acked: BTreeMap<ConversationId, u64> =
             self.acked.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(c, &s)| (c.clone(), s)).collect();
         let mut read_after = BTreeMap::new();
-        for (conversation, &(low, high)) in &old.claimed {
+        for (conversation, &(low, high)) in &ledger.claimed {
             let acked_through = acked.get(conversation).copied().unwrap_or(0);
             if high > acked_through {
                 read_after.insert(conversation.clone(), acked_through.max(low.saturating_sub(1)));
             }
         }
-        for (conversation, &lowest) in &old.owed {
+        for (conversation, &lowest) in &ledger.owed {
             read_from(&mut read_after, conversation.clone(), lowest);
         }
-        Some(DeviceLedger { acked, read_after })
+        Some(DeviceLedger { acked, read_after, since_id: ledger.since })
     }
 
     /// This new connection resumes from the ledger of the one its device left: it takes its
@@ -385,6 +471,10 @@ impl Session {
         }
         drop(acked);
         let mut own = self.ledger();
+        own.since = match (own.since, ledger.since_id) {
+            (Some(ours), Some(theirs)) => Some(ours.min(theirs)),
+            (ours, theirs) => ours.or(theirs),
+        };
         match &mut own.resume {
             Some(positions) => {
                 for (conversation, after) in ledger.read_after {
@@ -393,6 +483,8 @@ impl Session {
             }
             None => own.resume = Some(ledger.read_after),
         }
+        drop(own);
+        self.changed();
     }
 
     /// This connection's backfill reads every conversation after all: one of the
@@ -405,6 +497,19 @@ impl Session {
     /// this connection resumed from its predecessor; `None` means read everything.
     pub fn take_resume(&self) -> Option<BTreeMap<ConversationId, u64>> {
         self.ledger().resume.take()
+    }
+
+    /// For a backfill that resumed from a restored ledger: the lowest message id its node
+    /// may have missed; conversations changed from it on are read too. Cleared once read.
+    pub fn since(&self) -> Option<u64> {
+        self.ledger().since
+    }
+
+    /// Backfill read every conversation changed since [`Session::since`]: this connection
+    /// now knows all its device may lack without it.
+    pub fn clear_since(&self) {
+        self.ledger().since = None;
+        self.changed();
     }
 
     /// No backfill for this connection: live pushes go through now, and what the device
@@ -448,221 +553,5 @@ pub fn read_from(positions: &mut BTreeMap<ConversationId, u64>, conversation: Co
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An outbox that takes every frame and drops it.
-    struct Sink;
-
-    #[async_trait]
-    impl Outbox for Sink {
-        fn push(&self, _frame: Frame) -> bool {
-            true
-        }
-        async fn push_waiting(&self, _frame: Frame) -> bool {
-            true
-        }
-        fn is_closed(&self) -> bool {
-            false
-        }
-    }
-
-    fn connection() -> Session {
-        let user = UserId::parse("bob").expect("user");
-        let device = DeviceId::parse("phone").expect("device");
-        Session::new(ConnectionId(1), user, device, Arc::new(Sink))
-    }
-
-    #[test]
-    fn a_session_owing_messages_stays_closed_to_live_pushes_until_they_are_read() {
-        let connection = Arc::new(connection());
-        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
-        assert!(connection.offer(&dm, 3).into_push().is_none(), "offered during backfill: owed");
-        assert!(connection.offer(&dm, 4).into_push().is_none());
-
-        let owed = connection.go_live_if_nothing_owed().expect("something is owed").expect("noted");
-        assert_eq!(owed, [(dm.clone(), 3)].into_iter().collect(), "read from the lowest seq owed");
-        assert!(!connection.is_live(), "not live while 3 and 4 are still to be pushed from storage");
-        assert!(
-            connection.offer(&dm, 5).into_push().is_none(),
-            "a later message is owed too, not pushed ahead of them"
-        );
-
-        let owed = connection.go_live_if_nothing_owed().expect("5 is owed").expect("noted");
-        assert_eq!(owed, [(dm.clone(), 5)].into_iter().collect());
-        assert!(connection.go_live_if_nothing_owed().is_none(), "nothing new owed: live");
-        assert!(connection.is_live());
-        assert!(connection.offer(&dm, 6).into_push().is_some(), "pushed live from now on");
-    }
-
-    #[test]
-    fn a_message_backfill_pushed_is_not_pushed_again_by_a_late_fan_out() {
-        let connection = connection();
-        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
-        // Backfill reads seq 5 between its commit and its fan-out, and pushes it.
-        assert!(connection.claim_push(&dm, 5));
-        connection.end_claims();
-        // The fan-out of 5 comes after backfill ended: skipped, once.
-        assert!(!connection.claim_push(&dm, 5));
-        assert!(connection.claim_push(&dm, 6), "a later message goes out");
-    }
-
-    #[test]
-    fn while_backfilling_the_first_push_wins() {
-        let connection = connection();
-        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
-        assert!(connection.claim_push(&dm, 3), "live pushes first");
-        assert!(!connection.claim_push(&dm, 3), "backfill then skips it");
-        connection.end_claims();
-        assert!(connection.claim_push(&dm, 4));
-    }
-
-    #[test]
-    fn an_acked_message_is_never_pushed_by_a_late_fan_out() {
-        let connection = connection();
-        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
-        assert!(connection.claim_push(&dm, 5));
-        connection.end_claims();
-        // The device acks 5 (dropping the claim) before the fan-out of 5 arrives.
-        connection.record_ack(&dm, 5);
-        assert!(!connection.claim_push(&dm, 5));
-        assert!(connection.claim_push(&dm, 6));
-    }
-
-    fn connection_of(id: u64) -> Arc<Session> {
-        Arc::new(Session::new(
-            ConnectionId(id),
-            UserId::parse("bob").expect("user"),
-            DeviceId::parse("phone").expect("device"),
-            Arc::new(Sink),
-        ))
-    }
-
-    /// A connection whose backfill is over and that took live pushes.
-    fn settled(id: u64) -> Arc<Session> {
-        let connection = connection_of(id);
-        connection.go_live();
-        connection.end_claims();
-        connection
-    }
-
-    #[test]
-    fn a_parked_connection_notes_offers_and_its_successor_resumes_with_exactly_what_is_owed() {
-        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
-        let grp = ConversationId::parse("grp:team").expect("conversation");
-        let read = ConversationId::parse("dm:bob:carol").expect("conversation");
-        let old = settled(1);
-        // Pushed and acked: 3 of read, 4..=5 of dm; pushed and not acked: 6 of dm.
-        for (conversation, seq) in [(&read, 3), (&dm, 4), (&dm, 5), (&dm, 6)] {
-            assert!(old.offer(conversation, seq).into_push().is_some_and(|to| Arc::ptr_eq(&to, &old)));
-        }
-        old.record_ack(&read, 3);
-        old.record_ack(&dm, 5);
-        assert!(old.park());
-        assert!(
-            old.offer(&grp, 9).into_push().is_none() && old.offer(&grp, 8).into_push().is_none(),
-            "parked: noted, not pushed"
-        );
-        assert!(old.offer(&dm, 7).into_push().is_none());
-
-        let new = connection_of(2);
-        assert!(new.resume_from(&old));
-        let resume = new.take_resume().expect("resumed");
-        let expected: BTreeMap<ConversationId, u64> = [(dm.clone(), 5), (grp.clone(), 7)].into_iter().collect();
-        assert_eq!(resume, expected, "from the ack on, and from the lowest seq offered while parked");
-        assert_eq!(new.acked_through(&read), 3, "acks carried over");
-
-        // An offer that still reaches the old connection goes to the new one: owed while it
-        // is not live, pushed once it is.
-        assert!(old.offer(&grp, 10).into_push().is_none());
-        assert_eq!(new.go_live().expect("complete").get(&grp), Some(&10));
-        new.end_claims();
-        assert!(old.offer(&grp, 11).into_push().is_some_and(|to| Arc::ptr_eq(&to, &new)));
-        assert!(!new.resume_from(&old) && !connection_of(3).resume_from(&old), "taken over once");
-    }
-
-    #[test]
-    fn a_connection_handed_over_to_another_node_passes_every_later_offer_there() {
-        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
-        let grp = ConversationId::parse("grp:team").expect("conversation");
-        let old = settled(1);
-        for seq in [4, 5] {
-            assert!(old.offer(&dm, seq).into_push().is_some());
-        }
-        old.record_ack(&dm, 4);
-        assert!(old.park());
-        assert!(old.offer(&grp, 9).into_push().is_none(), "parked: owed");
-
-        let ledger = old.hand_over(NodeId(2)).expect("complete");
-        assert_eq!(ledger.acked, [(dm.clone(), 4)].into_iter().collect(), "its acks");
-        assert_eq!(ledger.read_after, [(dm.clone(), 4), (grp.clone(), 8)].into_iter().collect(), "what it may lack");
-        assert!(matches!(old.offer(&grp, 10), Offered::Forward(NodeId(2))), "passed on, not owed here");
-        assert!(old.offer(&dm, 4).into_push().is_none(), "acked: nothing to pass on");
-        assert!(old.hand_over(NodeId(3)).is_none(), "handed over once");
-        assert!(matches!(old.offer(&grp, 11), Offered::Forward(NodeId(2))), "to the first taker");
-
-        // An open connection handed over is kept when it closes, to pass offers on.
-        let open = settled(3);
-        assert!(open.hand_over(NodeId(2)).is_some());
-        assert!(open.park());
-        assert!(matches!(open.offer(&dm, 6), Offered::Forward(NodeId(2))));
-    }
-
-    #[test]
-    fn two_ledgers_resumed_from_read_from_the_lower_position_and_keep_the_higher_ack() {
-        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
-        let grp = ConversationId::parse("grp:team").expect("conversation");
-        let new = connection_of(9);
-        new.resume_with(DeviceLedger {
-            acked: [(dm.clone(), 4)].into_iter().collect(),
-            read_after: [(dm.clone(), 4)].into_iter().collect(),
-        });
-        new.resume_with(DeviceLedger {
-            acked: [(dm.clone(), 2)].into_iter().collect(),
-            read_after: [(dm.clone(), 2), (grp.clone(), 7)].into_iter().collect(),
-        });
-        assert_eq!(new.acked_through(&dm), 4);
-        let expected: BTreeMap<ConversationId, u64> = [(dm.clone(), 2), (grp, 7)].into_iter().collect();
-        assert_eq!(new.take_resume(), Some(expected));
-        new.resume_with(DeviceLedger::default());
-        new.backfill_in_full();
-        assert_eq!(new.take_resume(), None, "a full backfill after all");
-    }
-
-    #[test]
-    fn a_connection_whose_backfill_never_finished_is_not_resumed_from() {
-        let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
-        let old = connection_of(1);
-        assert!(!old.park(), "it may not know all its device lacks");
-        let new = connection_of(2);
-        assert!(!new.resume_from(&old));
-        assert!(new.take_resume().is_none(), "a full backfill");
-        // Offers still move on to the new connection.
-        assert!(old.offer(&dm, 4).into_push().is_none());
-        assert_eq!(new.go_live().expect("complete").get(&dm), Some(&4));
-    }
-
-    #[test]
-    fn too_many_conversations_offered_before_going_live_make_backfill_read_everything() {
-        let connection = connection_of(1);
-        for n in 0..=MAX_OWED_CONVERSATIONS {
-            let conversation = ConversationId::parse(&format!("grp:g{n}")).expect("conversation");
-            assert!(connection.offer(&conversation, 1).into_push().is_none(), "not live yet");
-        }
-        assert!(connection.go_live().is_none(), "the noted set is incomplete");
-        connection.end_claims();
-        assert!(connection.park(), "once live, it starts afresh");
-        assert!(connection_of(2).resume_from(&connection));
-    }
-
-    #[test]
-    fn too_many_owed_conversations_fall_back_to_a_full_backfill() {
-        let old = settled(1);
-        assert!(old.park());
-        for n in 0..=MAX_OWED_CONVERSATIONS {
-            let conversation = ConversationId::parse(&format!("grp:g{n}")).expect("conversation");
-            assert!(old.offer(&conversation, 1).into_push().is_none());
-        }
-        assert!(!connection_of(2).resume_from(&old));
-    }
-}
+#[path = "session_tests.rs"]
+mod tests;

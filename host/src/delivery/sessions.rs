@@ -71,6 +71,15 @@ impl Sessions {
         self.by_id.get(&id).map(|c| Arc::clone(&c))
     }
 
+    /// Every session, open or parked.
+    pub fn every(&self) -> Vec<Arc<Session>> {
+        let mut every = Vec::with_capacity(self.by_id.len() + self.parked_len());
+        for sessions in self.by_user.iter() {
+            every.extend(sessions.open.iter().chain(&sessions.parked).cloned());
+        }
+        every
+    }
+
     /// Every open session.
     pub fn all(&self) -> Vec<Arc<Session>> {
         self.by_id.iter().map(|entry| Arc::clone(entry.value())).collect()

@@ -97,6 +97,11 @@ impl HomeCheck {
         Some(home)
     }
 
+    /// The home node of `user` in the membership in force; `None` without placement.
+    pub fn home_of(&self, user: &UserId) -> Option<NodeId> {
+        self.router.topology().view().home(user.as_str())
+    }
+
     /// What `/admin/cluster` shows.
     pub fn status(&self) -> PlacementStatus {
         let view = self.router.topology().view();

@@ -25,6 +25,7 @@ mod heartbeat;
 pub mod homes;
 pub mod intake;
 pub mod redirect;
+mod restore;
 mod writer;
 
 /// The `go_away` reason (and close reason) when the node shuts down.
@@ -119,6 +120,8 @@ pub struct Gateway {
     next_connection: AtomicU64,
     /// Shutdown has begun: connections are sent away as soon as they are made.
     draining: AtomicBool,
+    /// Connections closed by the drain are parked, for their ledgers to be saved.
+    park_at_drain: AtomicBool,
     /// Where the connections are sent at shutdown; set once, by [`drain`](Self::drain).
     redirects: OnceLock<Redirects>,
     /// Counts connections away from their home node; set once, where the node is
@@ -152,6 +155,7 @@ impl Gateway {
             next_connection: AtomicU64::new(clock.now_ms() << 20 | 1),
             clock,
             draining: AtomicBool::new(false),
+            park_at_drain: AtomicBool::new(false),
             redirects: OnceLock::new(),
             homes: OnceLock::new(),
         }
@@ -463,6 +467,9 @@ async fn attach(
                     session.resume_with(ledger);
                     true
                 }
+                // A ledger restored here after a restart also reads whatever changed since it
+                // was saved: it misses nothing the other node (gone, or unable to say) knew.
+                None if complete_here && session.since().is_some() => true,
                 _ => {
                     session.backfill_in_full();
                     false
@@ -540,7 +547,8 @@ async fn detach(gateway: &Arc<Gateway>, client: &Client) {
     // of a parked session stays, marked parked, so that the fan-out of every node keeps
     // offering it messages (noted as owed for its device's return) until the grace is over.
     let (user, device, this_node) = (&session.user, &session.device, gateway.this_node());
-    let routed = if grace > 0 && !gateway.is_draining() && session.park() {
+    let draining = gateway.is_draining();
+    let routed = if grace > 0 && !draining && session.park() {
         sessions.park(Arc::clone(session));
         let (gateway, session) = (Arc::clone(gateway), Arc::clone(session));
         let routed = gateway.routes.park(user, device, this_node, session.id).await;
@@ -556,6 +564,9 @@ async fn detach(gateway: &Arc<Gateway>, client: &Client) {
         });
         routed
     } else {
+        if draining && gateway.park_at_drain.load(Ordering::SeqCst) && session.park() {
+            sessions.park(Arc::clone(session)); // its ledger is saved at shutdown
+        }
         gateway.routes.logout(user, device, this_node, session.id).await
     };
     if let Err(error) = routed {

@@ -24,7 +24,7 @@ use crate::cluster::client_urls::{check_client_url, client_address, client_url};
 use crate::cluster::membership::{MembershipSettings, RedisMembership};
 use crate::cluster::peer::{PeerBus, PeerHandler, PeerSecret, PeerServer, PeerTimeouts};
 use crate::cluster::{
-    ClientUrls, KeyPrefix, MarkLifetimes, RedisConnection, RedisDedup, RedisPluginKv, RedisRateLimiter,
+    ClientUrls, KeyPrefix, MarkLifetimes, RedisConnection, RedisDedup, RedisLedgers, RedisPluginKv, RedisRateLimiter,
     RedisRoomDirectory, RedisRouteTable, RedisTimeouts, RouteLifetimes,
 };
 use crate::config::Config;
@@ -290,6 +290,15 @@ impl Cluster {
             Ok(()) => tracing::info!(%url, "clients reach this node at this URL"),
             Err(error) => tracing::warn!(%url, %error, "could not publish this node's client URL"),
         }
+    }
+
+    /// Where this node saves its devices' ledgers, to take them back after a restart: in
+    /// Redis under the address its clients reach it at. `None` without one (then it is no
+    /// user's home, and nobody's devices come back to it by design).
+    pub fn ledger_store(&self) -> Option<RedisLedgers> {
+        let this_node = self.this_node();
+        let client = self.membership.client_addresses().into_iter().find(|(node, _)| *node == this_node)?.1?;
+        Some(RedisLedgers::new(self.redis.clone(), self.keys.clone(), RedisTimeouts::default(), client))
     }
 
     /// At the start of a drain: withdraws this node's client URL (so that no other node

@@ -85,12 +85,23 @@ impl Homes {
 
     /// The node nginx sends `user`'s connections to; `None` without placement or nodes.
     pub fn home(&self, user: &str) -> Option<NodeId> {
+        self.home_entry(user).map(|(node, _)| *node)
+    }
+
+    /// The client address (`host:port`) of `user`'s home node, as nginx's upstream lists
+    /// it; `None` as for [`home`](Self::home). A node restarted at the same address is the
+    /// same home, whatever its node id.
+    pub fn home_address(&self, user: &str) -> Option<&str> {
+        self.home_entry(user).map(|(_, address)| address.as_str())
+    }
+
+    fn home_entry(&self, user: &str) -> Option<&(NodeId, String)> {
         let index = match self.placement {
             Placement::None => return None,
             Placement::NginxConsistent => consistent_pick(&self.points, user)?,
             Placement::NginxHash => hash_pick(user, self.upstream.len(), |_| false)?,
         };
-        self.upstream.get(index).map(|(node, _)| *node)
+        self.upstream.get(index)
     }
 }
 

@@ -382,6 +382,18 @@ impl MessageStore for Database {
         latest.map_or(Ok(0), |seq| unsigned(seq, "seq"))
     }
 
+    async fn changed_since(&self, since_id: u64) -> Result<Vec<(ConversationId, u64)>, StoreError> {
+        let rows: Vec<(String, i64)> = on_backend!(self.reader, |pool, sql| {
+            sqlx::query_as(sql.changed_since).bind(signed(since_id)).fetch_all(pool).await?
+        });
+        self.settle().await?;
+        rows.into_iter()
+            .map(|(conversation, seq)| {
+                Ok((parse_stored(&conversation, "conversation", ConversationId::parse)?, unsigned(seq, "seq")?))
+            })
+            .collect()
+    }
+
     async fn message_by_client_id(
         &self,
         sender: &UserId,

@@ -164,6 +164,9 @@ pub struct Sql {
     pub messages_before: &'static str,
     /// The highest stored seq of a conversation.
     pub latest_seq: &'static str,
+    /// Each conversation with messages from an id on, and the lowest seq among them (a
+    /// range of the primary key: ids grow with time).
+    pub changed_since: &'static str,
     /// How a seq lease is taken, owner fence included.
     pub lease: LeaseSql,
     /// The text before and after the bound list of conversations of a statement that takes

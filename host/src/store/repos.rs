@@ -49,6 +49,13 @@ pub trait MessageStore: Send + Sync + 'static {
     /// [`StoreError::Database`] when the query fails.
     async fn latest_seq(&self, conversation: &ConversationId) -> Result<u64, StoreError>;
 
+    /// Every conversation with a message whose id is at least `since_id`, each with the
+    /// lowest seq among those messages: what changed from a moment on (ids grow with time).
+    ///
+    /// # Errors
+    /// As [`messages_after`](Self::messages_after).
+    async fn changed_since(&self, since_id: u64) -> Result<Vec<(ConversationId, u64)>, StoreError>;
+
     /// The message `sender` sent with `client_msg_id`, if stored: the original of a
     /// duplicate whose dedup mark is gone.
     ///

@@ -129,6 +129,8 @@ fn handed_ledger() -> DeviceLedger {
     DeviceLedger {
         acked: [(conversation("dm:alice:bob"), 7), (conversation("grp:team"), 3)].into_iter().collect(),
         read_after: [(conversation("dm:alice:bob"), 7), (conversation("room:lobby"), 0)].into_iter().collect(),
+        // A restored ledger's mark travels too.
+        since_id: Some(1 << 40),
     }
 }
 

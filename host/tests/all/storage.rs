@@ -18,6 +18,7 @@ on_every_backend!(
     closing_the_group_committer_answers_every_queued_insert,
     seq_conflict_fails_only_its_own_row,
     messages_read_back_in_seq_order,
+    what_changed_from_an_id_on,
     cursors_only_move_forward,
     groups_and_members,
     direct_conversations_of_a_user,
@@ -294,6 +295,29 @@ async fn invalid_stored_ids_are_skipped_in_lists_and_reported_in_messages(backen
         Err(StoreError::Corrupt(what)) => assert!(what.contains("sender") && what.contains("a l"), "{what}"),
         other => panic!("a message with an invalid sender was read: {other:?}"),
     }
+    db.drop_database().await;
+}
+
+/// Each conversation with a message from an id on, with its lowest seq since: what a
+/// restarted node reads to learn what it missed.
+async fn what_changed_from_an_id_on(backend: Backend) {
+    let db = migrated(backend).await;
+    let batch = [
+        message(10, "dm:x:y", 1, "x", 1),
+        message(20, "dm:x:y", 2, "x", 2),
+        message(30, "grp:crew", 1, "x", 3),
+        message(40, "dm:x:y", 3, "y", 4),
+        message(50, "dm:x:z", 1, "z", 5),
+    ];
+    for result in db.database.insert_messages(&batch).await {
+        result.expect("stored");
+    }
+    let mut changed = db.database.changed_since(20).await.expect("read");
+    changed.sort();
+    let expected = [(conversation("dm:x:y"), 2), (conversation("dm:x:z"), 1), (conversation("grp:crew"), 1)];
+    assert_eq!(changed, expected);
+    assert_eq!(db.database.changed_since(41).await.expect("read"), [(conversation("dm:x:z"), 1)]);
+    assert!(db.database.changed_since(51).await.expect("read").is_empty());
     db.drop_database().await;
 }
 

@@ -71,6 +71,8 @@ mod link;
 mod server;
 mod wire;
 
+pub(crate) use wire::{decode_saved_ledger, encode_saved_ledger};
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -135,7 +135,7 @@ pub(super) fn kick(route: &Route, hand_over: bool) -> WireKind {
 }
 
 /// A device's ledger as it travels.
-pub(super) fn ledger(ledger: &DeviceLedger) -> wire::Ledger {
+pub(crate) fn ledger(ledger: &DeviceLedger) -> wire::Ledger {
     let mut entries: Vec<wire::LedgerEntry> = ledger
         .acked
         .iter()
@@ -151,12 +151,12 @@ pub(super) fn ledger(ledger: &DeviceLedger) -> wire::Ledger {
         acked_through: 0,
         read_after: Some(read_after),
     }));
-    wire::Ledger { entries }
+    wire::Ledger { entries, since_id: ledger.since_id }
 }
 
 /// A handed-over ledger, its conversation ids parsed again.
-pub(super) fn ledger_from(ledger: wire::Ledger) -> Result<DeviceLedger, WireError> {
-    let mut parsed = DeviceLedger::default();
+pub(crate) fn ledger_from(ledger: wire::Ledger) -> Result<DeviceLedger, WireError> {
+    let mut parsed = DeviceLedger { since_id: ledger.since_id, ..DeviceLedger::default() };
     for entry in ledger.entries {
         let conversation = ConversationId::parse(&entry.conversation)?;
         if let Some(read_after) = entry.read_after {
@@ -167,6 +167,23 @@ pub(super) fn ledger_from(ledger: wire::Ledger) -> Result<DeviceLedger, WireErro
         }
     }
     Ok(parsed)
+}
+
+/// A device's ledger as its node saves it in Redis (`SavedLedger`), encoded.
+pub(crate) fn encode_saved_ledger(user: &UserId, device: &DeviceId, saved: &DeviceLedger) -> Vec<u8> {
+    use prost::Message as _;
+    let saved = wire::SavedLedger { user: user.to_string(), device: device.to_string(), ledger: Some(ledger(saved)) };
+    saved.encode_to_vec()
+}
+
+/// A saved ledger read back, its ids parsed again; `None` when the bytes are not one (left
+/// by another build, or damaged), which only costs that device a full backfill.
+pub(crate) fn decode_saved_ledger(bytes: &[u8]) -> Option<(UserId, DeviceId, DeviceLedger)> {
+    use prost::Message as _;
+    let saved = wire::SavedLedger::decode(bytes).ok()?;
+    let user = UserId::parse(&saved.user).ok()?;
+    let device = DeviceId::parse(&saved.device).ok()?;
+    Some((user, device, ledger_from(saved.ledger?).ok()?))
 }
 
 pub(super) fn routes_changed(users: &[UserId]) -> WireKind {

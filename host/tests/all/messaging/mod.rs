@@ -42,6 +42,7 @@ mod http;
 mod intake;
 mod limits;
 mod placement;
+mod placement_restart;
 mod plugins;
 mod reconnect;
 mod recording;

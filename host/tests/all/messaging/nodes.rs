@@ -154,6 +154,12 @@ impl Nodes {
         self.down.remove(&at);
     }
 
+    /// Starts node `at` again at the same address (port), as behind nginx.
+    pub async fn restart_in_place(&mut self, at: usize) {
+        self.nodes[at].restart_in_place().await;
+        self.down.remove(&at);
+    }
+
     /// Starts one more node of this cluster and waits until every node up sees it; returns
     /// its index.
     pub async fn add(&mut self) -> usize {

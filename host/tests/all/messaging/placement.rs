@@ -23,7 +23,7 @@ const USERS: usize = 1_000;
 
 /// Waits until every node's `/admin/cluster` lists `count` upstream servers under one
 /// digest; returns that placement.
-async fn agreed_placement(nodes: &Nodes, at: &[usize], count: usize) -> Value {
+pub(super) async fn agreed_placement(nodes: &Nodes, at: &[usize], count: usize) -> Value {
     let what = format!("the nodes to agree on {count} upstream servers");
     poll()
         .within(WAIT)
@@ -45,7 +45,7 @@ async fn agreed_placement(nodes: &Nodes, at: &[usize], count: usize) -> Value {
 }
 
 /// The home node id `/admin/route` on node `asked` gives `user`.
-async fn home_of(nodes: &Nodes, asked: usize, user: &str) -> u64 {
+pub(super) async fn home_of(nodes: &Nodes, asked: usize, user: &str) -> u64 {
     let path = format!("/admin/route?user={user}&command=connect");
     let response = nodes.nodes[asked].get(&path, Some(DEV_KEY)).await;
     assert_eq!(response.status, 200, "GET {path}: {response:?}");
@@ -53,7 +53,7 @@ async fn home_of(nodes: &Nodes, asked: usize, user: &str) -> u64 {
 }
 
 /// `herald cluster nginx-conf` against node `at`, listening where the test's nginx will.
-fn nginx_conf(nodes: &Nodes, at: usize) -> String {
+pub(super) fn nginx_conf(nodes: &Nodes, at: usize) -> String {
     let url = format!("http://127.0.0.1:{}", nodes.nodes[at].port);
     let output = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["cluster", "nginx-conf", "--url", &url, "--key", DEV_KEY, "--listen", "LISTEN"])
@@ -65,7 +65,7 @@ fn nginx_conf(nodes: &Nodes, at: usize) -> String {
 }
 
 /// Logs `user` in through `url`; returns the node id `connected` names.
-async fn connect_via(nodes: &Nodes, url: &str, user: &str) -> (Client, u64) {
+pub(super) async fn connect_via(nodes: &Nodes, url: &str, user: &str) -> (Client, u64) {
     let (mut client, _) = Client::open_at(&nodes.nodes[0], url, Some(Encoding::Proto.subprotocol())).await;
     let connected = client.login(&format!("dev:{user}"), "phone").await.unwrap_or_else(|why| panic!("{user}: {why}"));
     (client, u64::from(connected.node_id))

@@ -163,6 +163,11 @@ impl Herald {
     /// the port from `--listen-file` and waits for `/healthz`: no port is picked here that
     /// another process could take first.
     async fn spawn(&mut self) {
+        self.spawn_listening("127.0.0.1:0").await;
+    }
+
+    /// Starts the process listening at `listen`.
+    async fn spawn_listening(&mut self, listen: &str) {
         let listen_file = self.listen_file();
         match std::fs::remove_file(&listen_file) {
             Ok(()) => {}
@@ -176,7 +181,7 @@ impl Herald {
             command.arg("--dev");
         }
         command
-            .args(["--listen", "127.0.0.1:0", "--listen-file"])
+            .args(["--listen", listen, "--listen-file"])
             .arg(&listen_file)
             .arg("--data-dir")
             .arg(self.data_dir())
@@ -273,6 +278,15 @@ impl Herald {
     pub async fn restart(&mut self) {
         self.kill9();
         self.spawn().await;
+    }
+
+    /// Starts the server again on the same data dir and the same port, as a service
+    /// manager restarts it behind a load balancer that lists its address (after a
+    /// [`kill9`](Self::kill9) or [`terminate`](Self::terminate); kills it first if running).
+    pub async fn restart_in_place(&mut self) {
+        self.kill9();
+        let listen = format!("127.0.0.1:{}", self.port);
+        self.spawn_listening(&listen).await;
     }
 
     /// An HTTP request; panics only if the server does not answer at all.

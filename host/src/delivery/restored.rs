@@ -1,0 +1,108 @@
+//! What a device whose ledger was restored after a restart may lack beyond its ledger: the
+//! messages its node never heard of while it was down. Only storage knows them, so the
+//! backfill of such a device also reads each of its conversations that changed from the
+//! ledger's `since_id` on ([`Session::since`]).
+//!
+//! One range read of the messages' primary key serves every device restored at once
+//! ([`ChangedSince`]): the devices of a restarted node come back together, and each needs a
+//! read that began after its own login (so that whatever was stored after the read reaches
+//! its new connection by fan-out), which one read shared by the devices waiting on it gives.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::Delivery;
+use super::session::Session;
+use crate::model::{ConversationId, ConversationKind, GroupId};
+use crate::store::{MessageStore, StoreError};
+
+/// Conversations changed from a message id on, each with its lowest seq since.
+pub type Changed = Arc<BTreeMap<ConversationId, u64>>;
+
+/// The latest read of what changed, shared by the backfills that can use it.
+#[derive(Default)]
+pub struct ChangedSince {
+    /// Held across a read, so that backfills waiting meanwhile take its result.
+    latest: Mutex<Option<Read>>,
+}
+
+struct Read {
+    since_id: u64,
+    started: Instant,
+    changed: Changed,
+}
+
+impl ChangedSince {
+    /// What changed from `since_id` on, read no earlier than `not_before`: a read that began
+    /// then or later from an id no higher serves (it holds at least as much).
+    async fn read(&self, store: &dyn MessageStore, since_id: u64, not_before: Instant) -> Result<Changed, StoreError> {
+        let mut latest = self.latest.lock().await;
+        if let Some(read) = &*latest
+            && read.since_id <= since_id
+            && read.started >= not_before
+        {
+            return Ok(Arc::clone(&read.changed));
+        }
+        let started = Instant::now();
+        let changed: Changed = Arc::new(store.changed_since(since_id).await?.into_iter().collect());
+        *latest = Some(Read { since_id, started, changed: Arc::clone(&changed) });
+        Ok(changed)
+    }
+}
+
+impl Delivery {
+    /// For a session that resumed from a restored ledger: adds to `positions` each of its
+    /// device's conversations changed since the ledger was saved, from the seq after what
+    /// the device acked there (or before the first change, if that is later). `first`: on
+    /// the first pass a position already there moves back to cover the change; on a later
+    /// pass only conversations not read yet are added. False when storage could not say;
+    /// the caller then reads every conversation.
+    pub(super) async fn add_changed(
+        &self,
+        session: &Session,
+        since_id: u64,
+        positions: &mut BTreeMap<ConversationId, u64>,
+        first: bool,
+    ) -> bool {
+        let changed = match self.changed.read(&*self.stores.messages, since_id, Instant::now()).await {
+            Ok(changed) => changed,
+            Err(error) => {
+                tracing::warn!(%error, "backfill: cannot read what changed while this node was down");
+                return false;
+            }
+        };
+        let mut groups: Option<BTreeSet<GroupId>> = None;
+        for (conversation, &lowest) in changed.iter() {
+            let follows = match conversation.kind() {
+                ConversationKind::Direct(a, b) => a == session.user || b == session.user,
+                ConversationKind::Group(group) => {
+                    if groups.is_none() {
+                        match self.stores.groups.groups_of(&session.user).await {
+                            Ok(of) => groups = Some(of.into_iter().collect()),
+                            Err(error) => {
+                                tracing::warn!(%error, "backfill: cannot read the groups of a restored device");
+                                return false;
+                            }
+                        }
+                    }
+                    groups.as_ref().is_some_and(|groups| groups.contains(&group))
+                }
+                // Rooms are caught up by their subscriptions (`since_seq`), not by backfill.
+                ConversationKind::Room(_) => false,
+            };
+            if !follows {
+                continue;
+            }
+            let from = session.acked_through(conversation).max(lowest.saturating_sub(1));
+            match positions.get_mut(conversation) {
+                Some(position) if first => *position = (*position).min(from),
+                Some(_) => {}
+                None => _ = positions.insert(conversation.clone(), from),
+            }
+        }
+        true
+    }
+}
