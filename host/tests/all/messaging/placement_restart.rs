@@ -2,8 +2,9 @@
 //! (it saves its devices' ledgers as it stops) and with `kill -9` (its last save is up to a
 //! second old). Its users come back through nginx to the same node, and each is resumed
 //! from its ledger, not backfilled in full: it is pushed what it had not acked before the
-//! restart and what was sent while the node was down (in a conversation new to it, which
-//! no ledger names), and nothing it had acked.
+//! restart, the traffic sent to it all along, and what was sent while the node was down in
+//! a conversation new to it (which no ledger names), each once and in order, and nothing it
+//! had acked.
 
 use std::time::Duration;
 
@@ -77,6 +78,21 @@ async fn a_restarted_node_takes_its_devices_back(stop: Stop) {
         .await;
     assert_eq!(restarted.metric("herald_delivery_ledgers_saved").await, ours.len() as f64);
 
+    // Traffic all along: round after round, one message to each of the node's users, from
+    // before it stops until a round ends after it is back.
+    let (back, mut is_back) = tokio::sync::watch::channel(false);
+    let names: Vec<String> = ours.iter().map(|(user, _)| user.clone()).collect();
+    let traffic = tokio::spawn(async move {
+        let mut sent: Vec<Vec<u64>> = vec![Vec::new(); names.len()];
+        loop {
+            for (to, user) in names.iter().enumerate() {
+                sent[to].push(send_until_stored(&mut sender, &dm("sender", user), "traffic").await.message_id);
+            }
+            if *is_back.borrow_and_update() {
+                return sent;
+            }
+        }
+    });
     match stop {
         Stop::Terminate => nodes.terminate(target).await,
         Stop::Kill => nodes.kill9(target),
@@ -86,18 +102,23 @@ async fn a_restarted_node_takes_its_devices_back(stop: Stop) {
         while_down.push(send_until_stored(&mut late, &dm("late", user), "sent while the node was down").await);
     }
     nodes.restart_in_place(target).await;
+    back.send_replace(true);
     let restored = nodes.nodes[target].metric("herald_gateway_restored_total").await;
     assert_eq!(restored, ours.len() as f64, "{stop:?}: every device whose home it is is parked again");
+    let traffic = traffic.await.expect("the traffic ran");
 
-    for (((user, old), pushed), down) in ours.into_iter().zip(&unacked).zip(&while_down) {
+    for ((((user, old), pushed), down), sent) in ours.into_iter().zip(&unacked).zip(&while_down).zip(traffic) {
         drop(old);
         let conversation = dm("sender", &user);
         let (mut client, landed) = connect_via(&nodes, &through_nginx(&user), &user).await;
         assert_eq!(landed, nodes.node_id(target).await, "{user} comes back to the restarted node");
-        let first = client.distinct_deliveries(&conversation, 1).await;
+        // Once each, in order: what it had not acked, then the traffic; never what it acked.
+        let expected: Vec<u64> = std::iter::once(pushed.message_id).chain(sent).collect();
+        let got = client.distinct_deliveries(&conversation, expected.len()).await;
         assert_eq!(
-            first[0].id, pushed.message_id,
-            "{stop:?}: {user} is pushed what it had not acked, not what it acked"
+            got.iter().map(|message| message.id).collect::<Vec<_>>(),
+            expected,
+            "{stop:?}: {user} is pushed what it had not acked and the traffic, in order, and not what it acked"
         );
         let first = client.distinct_deliveries(&dm("late", &user), 1).await;
         assert_eq!(first[0].id, down.message_id, "{stop:?}: {user} is pushed what was sent while its node was down");
