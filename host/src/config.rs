@@ -58,8 +58,8 @@ pub struct Config {
     pub node_id: Option<u32>,
     /// Threads running this node's tasks; 0 (the default) is one per CPU core. Where
     /// several nodes share a machine, each can be given its share of the cores: three nodes
-    /// on 2 cores used about 8 % of a core less with one thread each than with two, at the
-    /// same latency and throughput within the noise (README, "Benchmarks").
+    /// sharing two cores spend less CPU with one thread each than with two, at the same
+    /// latency and throughput (docs/BENCHMARKS.md, "Cluster messaging").
     pub worker_threads: usize,
     /// The database.
     pub storage: StorageConfig,
