@@ -37,7 +37,7 @@ if [ "${1:-}" = restart ]; then
     trap 'stop_nginx; [ -f "$work/node1.pid" ] && kill "$(cat "$work/node1.pid")" 2>/dev/null; cleanup' EXIT
     for stop in TERM KILL; do
         for restore in true false; do
-            name="restart-$stop-$restore"
+            name="restart_${stop,,}_$restore"
             settings=(HERALD_CLUSTER__PLACEMENT=nginx-consistent HERALD_GATEWAY__RECONNECT_GRACE_MS=60000
                 HERALD_CLUSTER__RESTORE_DEVICES=$restore)
             start_cluster 3 "$name" "${settings[@]}"
