@@ -2,7 +2,8 @@
  * herald-client: the Herald instant-messaging client for browsers and Node >= 20.
  * This entry uses the global WebSocket (browsers); Node resolves to ./node.js, which uses `ws`.
  */
-export { HeraldClient, connect, uuid } from "./client.js";
+export { HeraldClient, connect } from "./client.js";
+export { uuid } from "./uuid.js";
 export { Backoff, type BackoffOptions } from "./backoff.js";
 export { protoCodec, type FrameCodec } from "./codec.js";
 export { jsonCodec } from "./json.js";

@@ -6,7 +6,7 @@ import WebSocket from "ws";
 import { HeraldClient as BaseClient } from "./client.js";
 import type { ClientOptions, WebSocketConstructor } from "./types.js";
 
-export { uuid } from "./client.js";
+export { uuid } from "./uuid.js";
 export { Backoff, type BackoffOptions } from "./backoff.js";
 export { protoCodec, type FrameCodec } from "./codec.js";
 export { jsonCodec } from "./json.js";
