@@ -3,6 +3,38 @@
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf '\033[31merror:\033[0m %s\n' "$*" >&2; exit 1; }
 
+# The web chat page (examples/web, on the TypeScript client) is built by build_web_page into
+# target/web/index.html, and Herald's build embeds it when WEB_CHAT_PAGE names it
+# (host/build.rs; without it, a page saying how to build it). Once the page exists every
+# script builds Herald with it, so running one script after another does not rebuild Herald
+# with and without the page.
+if [ -f target/web/index.html ]; then export WEB_CHAT_PAGE=$PWD/target/web/index.html; fi
+
+# npm_ci DIR: installs DIR's packages from its package-lock.json (npm ci), unless the
+# node_modules there were installed from that same lockfile.
+npm_ci() {
+    local dir=$1
+    cmp -s "$dir/package-lock.json" "$dir/node_modules/.installed-from-lock" 2>/dev/null && return 0
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) >&2 || die "npm ci failed in $dir"
+    cp "$dir/package-lock.json" "$dir/node_modules/.installed-from-lock"
+}
+
+# Builds the web chat page into target/web (the client library's packages and protobuf code,
+# then examples/web's esbuild, each from its lockfile) and exports WEB_CHAT_PAGE for the
+# Herald build that follows. Needs Node >= 20 and npm; dies when a step fails.
+build_web_page() {
+    command -v npm >/dev/null 2>&1 \
+        || die "node and npm (Node >= 20) are needed to build the web chat page (apt-get install -y nodejs npm)"
+    node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' \
+        || die "Node >= 20 is needed to build the web chat page, found $(node --version)"
+    say "building the web chat page (examples/web on clients/typescript, esbuild) into target/web"
+    npm_ci clients/typescript
+    (cd clients/typescript && npm run --silent generate) >&2 || die "generating the TypeScript client's protobuf code failed"
+    npm_ci examples/web
+    node examples/web/build.mjs target/web >&2 || die "building the web chat page failed (examples/web/build.mjs)"
+    export WEB_CHAT_PAGE=$PWD/target/web/index.html
+}
+
 # The wasm32-wasip2 target builds the plugins; install it from the project's scripts so a
 # fresh machine needs nothing done by hand.
 ensure_wasm_target() {

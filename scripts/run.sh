@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs Herald in embedded mode on this machine: SQLite under ./herald-data, in-memory state,
-# dev mode on http://127.0.0.1:7070, with the first-party plugins built and loaded.
+# dev mode on http://127.0.0.1:7070 (the web chat page at /), with the first-party plugins
+# built and loaded.
 #
 #   scripts/run.sh [extra `herald serve` flags]
 set -euo pipefail
@@ -10,6 +11,7 @@ cd "$(dirname "$0")/.."
 data_dir=${HERALD_DATA_DIR:-herald-data}
 build_plugins release
 install_plugins "$data_dir/plugins"
+build_web_page
 say "building herald"
 cargo build --release --locked -p herald-host --bin herald >&2
 say "starting herald (embedded mode, dev) on http://127.0.0.1:7070 — Ctrl-C stops it"

@@ -23,6 +23,9 @@ ensure_nginx
 build_plugins debug
 build_test_guests
 build_language_guests
+# Before any cargo command: Herald embeds the page, and every build below sees the same
+# WEB_CHAT_PAGE (a change of it would rebuild Herald).
+build_web_page
 
 say "formatting (rustfmt.toml; \`cargo fmt --all\` fixes it)"
 for manifest in Cargo.toml plugins/Cargo.toml host/plugin-runtime/tests/guests/Cargo.toml; do
@@ -58,6 +61,9 @@ cargo test --workspace --locked "$@"
 # tests and the conformance scenarios of clients/SPEC.md, each on a Herald of its own.
 say "TypeScript client (clients/typescript): npm ci, build, tests, npm pack"
 HERALD_BIN=target/debug/herald clients/typescript/run-tests.sh
+# The web chat page (built above, embedded in that Herald) in headless Chromium.
+say "web chat page (examples/web) in headless Chromium"
+HERALD_BIN=target/debug/herald examples/web/run-tests.sh
 say "Rust client (clients/rust) packs as a crate of its own (its conformance scenarios ran above)"
 cargo package -p herald-client --no-verify --allow-dirty --locked >/dev/null 2>&1 \
     || die "herald-client does not package: run cargo package -p herald-client --no-verify --allow-dirty to see why"

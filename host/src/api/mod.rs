@@ -28,8 +28,9 @@ use crate::node::Node;
 /// The dev-mode API key and admin key (PROTOCOL.md, "Dev mode").
 const DEV_KEY: &str = "dev-key";
 
-/// The web chat page served at `/` in dev mode.
-const WEB_PAGE: &str = include_str!("../../../examples/web/index.html");
+/// The web chat page served at `/` in dev mode: examples/web bundled by the scripts, or a
+/// page saying how to build it (build.rs picks which).
+const WEB_PAGE: &str = include_str!(env!("WEB_CHAT_PAGE_FILE"));
 
 /// An HTTP error in PROTOCOL.md's shape.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 //! `herald serve --dev` process on a loopback port of the system's choosing (it says which
 //! in its `--listen-file`) with a temporary data dir, and talks to it the way a third-party
 //! client would — WebSocket frames over `/v1/ws`, JSON over HTTP, and a headless Chromium
-//! for the web page.
+//! for the admin page.
 //!
 //! Helpers: [`server`] (spawn, kill -9, restart, HTTP), [`client`] (a WebSocket client that
 //! keeps frames it was not waiting for), [`raw`] (a hand-rolled WebSocket for what a polite
