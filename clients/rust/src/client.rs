@@ -18,10 +18,13 @@ pub struct Client {
 }
 
 /// The client's events, in the order they happened. Read them steadily: incoming messages
-/// are acked only once their [`Delivery`](crate::Delivery) is dropped (auto acks).
+/// are acked only once their [`Delivery`](crate::Delivery) is dropped (auto acks), and while
+/// `ClientOptions::event_capacity` events wait unread the client reads nothing more from
+/// the server (it holds back rather than queue without bound; nothing is lost).
 #[derive(Debug)]
 pub struct Events {
-    events: mpsc::UnboundedReceiver<Event>,
+    /// Bounded by `ClientOptions::event_capacity`: see there what a full channel does.
+    events: mpsc::Receiver<Event>,
 }
 
 impl Events {
@@ -45,10 +48,10 @@ impl Client {
     /// Outside a tokio runtime.
     pub fn connect(options: ClientOptions) -> (Self, Events) {
         let (commands, receiver) = mpsc::unbounded_channel();
-        let (events_tx, events) = mpsc::unbounded_channel();
+        let ((events_tx, events), outlet) = driver::Outlet::new(options.event_capacity.max(1));
         let (state_tx, state) = watch::channel(State::Connecting);
         let core = Core::new(options, events_tx, commands.downgrade(), state_tx);
-        tokio::spawn(driver::run(core, receiver));
+        tokio::spawn(driver::run(core, receiver, outlet));
         (Self { commands, state }, Events { events })
     }
 
@@ -152,8 +155,12 @@ impl Client {
         let _ = self.commands.send(Command::Ack { conversation: message.conversation.clone(), seq: message.seq });
     }
 
-    /// Closes the client for good: writes the queued acks, closes the socket. Sends without
-    /// a final answer fail with [`SendError::Abandoned`].
+    /// Closes the client for good. First, when connected, it waits (up to
+    /// `ClientOptions::close_timeout`) until every [`Delivery`](crate::Delivery) already
+    /// handed over is handled (dropped), reading no new messages meanwhile: keep reading
+    /// [`Events`] while it runs, or drop them. Then it writes the acks, closes the socket,
+    /// and returns. Sends without a final answer fail with [`SendError::Abandoned`]: await
+    /// the sends that matter before closing.
     pub async fn close(&self) {
         driver::close(&self.commands).await;
     }

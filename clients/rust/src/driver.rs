@@ -1,10 +1,16 @@
 //! The I/O side: one task that owns the WebSocket, waits on the application's commands,
-//! the server's frames and the core's timers, and writes what the core queued.
+//! the server's frames and the core's timers, writes what the core queued, and hands the
+//! core's events to the application through a bounded channel (the [`Outlet`]): while that
+//! channel is full, the socket is not read, so an application that does not keep up slows
+//! the server's pushes down (the server's slow-consumer limit applies) instead of growing
+//! a queue in the client.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt as _, StreamExt as _};
 use tokio::net::TcpStream;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
@@ -14,7 +20,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::protocol::frame::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{self, Message as WsMessage};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use crate::core::{ABNORMAL, Command, Core};
 use crate::error::ClientError;
@@ -34,15 +40,77 @@ enum Step {
     Stop,
 }
 
+/// The core's events on their way to the application's bounded channel.
+pub(crate) struct Outlet {
+    /// What the core emitted (the core never waits, so this side is unbounded; it holds
+    /// at most what one frame or timer produced while the application's channel is full).
+    emitted: mpsc::UnboundedReceiver<Event>,
+    /// The application's side ([`Events`](crate::Events)).
+    application: mpsc::Sender<Event>,
+    /// An event that did not fit: nothing more is read from the socket until it does.
+    held: Option<Event>,
+}
+
+impl Outlet {
+    /// The core's sender and the application's receiver, and the outlet between them.
+    pub(crate) fn new(capacity: usize) -> ((mpsc::UnboundedSender<Event>, mpsc::Receiver<Event>), Self) {
+        let (core, emitted) = mpsc::unbounded_channel();
+        let (application, events) = mpsc::channel(capacity);
+        ((core, events), Self { emitted, application, held: None })
+    }
+
+    /// Moves what fits into the application's channel; true when it is full (an event is held).
+    fn pass(&mut self) -> bool {
+        loop {
+            let Some(event) = self.held.take().or_else(|| self.emitted.try_recv().ok()) else {
+                return false;
+            };
+            match self.application.try_send(event) {
+                Ok(()) => {}
+                Err(TrySendError::Full(event)) => {
+                    self.held = Some(event);
+                    return true;
+                }
+                // Nobody reads events any more: the application's choice (a dropped delivery
+                // counts as handled, as it would had it been read and dropped).
+                Err(TrySendError::Closed(_)) => {}
+            }
+        }
+    }
+
+    /// Waits until the application made room, then moves the held event.
+    async fn room(&mut self) {
+        match self.application.reserve().await {
+            Ok(permit) => {
+                if let Some(event) = self.held.take() {
+                    permit.send(event);
+                }
+            }
+            Err(_) => self.held = None,
+        }
+    }
+
+    /// After the end: hands over what is left, waiting for room, until the application
+    /// read it all or dropped its side.
+    async fn drain(mut self) {
+        while let Some(event) = self.held.take().or_else(|| self.emitted.try_recv().ok()) {
+            if self.application.send(event).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// Runs the client until it is closed.
-pub(crate) async fn run(mut core: Core, mut commands: mpsc::UnboundedReceiver<Command>) {
+pub(crate) async fn run(mut core: Core, mut commands: mpsc::UnboundedReceiver<Command>, mut outlet: Outlet) {
+    let tls = core.options.tls.clone().unwrap_or_else(default_tls);
     'life: loop {
         // Reconnecting: wait out the delay, serving commands (sends queue meanwhile).
         while let Some(at) = core.reconnect_at {
             if Instant::now() >= at {
                 break;
             }
-            if let Step::Stop = idle_step(&mut core, &mut commands, Some(at)).await {
+            if let Step::Stop = idle_step(&mut core, &mut commands, &mut outlet, Some(at)).await {
                 break 'life;
             }
         }
@@ -59,7 +127,7 @@ pub(crate) async fn run(mut core: Core, mut commands: mpsc::UnboundedReceiver<Co
             let answer = loop {
                 tokio::select! {
                     answer = &mut asking => break answer,
-                    step = idle_step(&mut core, &mut commands, None) => {
+                    step = idle_step(&mut core, &mut commands, &mut outlet, None) => {
                         if let Step::Stop = step {
                             break 'life;
                         }
@@ -80,12 +148,12 @@ pub(crate) async fn run(mut core: Core, mut commands: mpsc::UnboundedReceiver<Co
         }
         core.begin_attempt();
         let url = core.url().to_owned();
-        let opening = open(url, core.options.encoding);
+        let opening = open(url, core.options.encoding, Arc::clone(&tls));
         tokio::pin!(opening);
         let opened = loop {
             tokio::select! {
                 opened = &mut opening => break Some(opened),
-                step = idle_step(&mut core, &mut commands, None) => {
+                step = idle_step(&mut core, &mut commands, &mut outlet, None) => {
                     if let Step::Stop = step {
                         break 'life;
                     }
@@ -106,7 +174,7 @@ pub(crate) async fn run(mut core: Core, mut commands: mpsc::UnboundedReceiver<Co
             Some(Ok(socket)) => socket,
         };
         core.socket_opened();
-        let (code, reason, stop) = session(&mut core, &mut commands, socket).await;
+        let (code, reason, stop) = session(&mut core, &mut commands, &mut outlet, socket).await;
         if stop {
             break;
         }
@@ -114,20 +182,29 @@ pub(crate) async fn run(mut core: Core, mut commands: mpsc::UnboundedReceiver<Co
     }
     core.close();
     core.finish_close();
+    // The core is gone with this task's end; its last events (closed) still go out.
+    drop(core);
+    outlet.drain().await;
 }
 
 /// Serves commands and timers while no socket is open; `until` bounds the wait.
-async fn idle_step(core: &mut Core, commands: &mut mpsc::UnboundedReceiver<Command>, until: Option<Instant>) -> Step {
+async fn idle_step(
+    core: &mut Core,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+    outlet: &mut Outlet,
+    until: Option<Instant>,
+) -> Step {
     let wake = [until, core.next_wakeup()].into_iter().flatten().min().unwrap_or_else(far_future);
+    let full = outlet.pass();
     tokio::select! {
         command = commands.recv() => match command {
             Some(command) => {
-                let closing = matches!(command, Command::Close { .. });
                 core.on_command(command);
-                if closing { Step::Stop } else { Step::Continue }
+                if core.is_closed() { Step::Stop } else { Step::Continue }
             }
             None => Step::Stop,
         },
+        () = outlet.room(), if full => Step::Continue,
         () = sleep_until(wake) => {
             core.on_timer(Instant::now());
             Step::Continue
@@ -139,6 +216,7 @@ async fn idle_step(core: &mut Core, commands: &mut mpsc::UnboundedReceiver<Comma
 async fn session(
     core: &mut Core,
     commands: &mut mpsc::UnboundedReceiver<Command>,
+    outlet: &mut Outlet,
     socket: Socket,
 ) -> (u16, String, bool) {
     let encoding = core.options.encoding;
@@ -156,9 +234,14 @@ async fn session(
             // Dropped without a closing handshake: the peer may be gone for good.
             return (code, reason, false);
         }
+        let full = outlet.pass();
         let wake = core.next_wakeup().unwrap_or_else(far_future);
+        // A close waiting for deliveries reads nothing new: what arrives now stays unacked,
+        // for the server to push again to the device.
+        let read = !full && !core.is_closing();
         tokio::select! {
-            incoming = stream.next() => match incoming {
+            () = outlet.room(), if full => {}
+            incoming = stream.next(), if read => match incoming {
                 Some(Ok(WsMessage::Binary(data))) => receive(core, wire::decode(data, Encoding::Proto)),
                 Some(Ok(WsMessage::Text(text))) => {
                     let data = bytes::Bytes::from(text);
@@ -176,7 +259,12 @@ async fn session(
                 Some(command) => core.on_command(command),
                 None => core.close(),
             },
-            () = sleep_until(wake) => core.on_timer(Instant::now()),
+            () = sleep_until(wake) => {
+                if full {
+                    core.reading_paused();
+                }
+                core.on_timer(Instant::now());
+            }
         }
     }
 }
@@ -205,15 +293,28 @@ where
     sink.flush().await.map_err(|error| error.to_string())
 }
 
-/// Opens the WebSocket asking for the encoding's subprotocol.
-async fn open(url: String, encoding: Encoding) -> Result<Socket, String> {
+/// The TLS of `wss://` when the application gave none: the Mozilla roots, rustls on ring.
+fn default_tls() -> Arc<rustls::ClientConfig> {
+    let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports rustls's default TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
+/// Opens the WebSocket asking for the encoding's subprotocol (`wss://` with `tls`).
+async fn open(url: String, encoding: Encoding, tls: Arc<rustls::ClientConfig>) -> Result<Socket, String> {
     let mut request = url.as_str().into_client_request().map_err(|error| format!("cannot open {url}: {error}"))?;
     request.headers_mut().insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(encoding.subprotocol()));
     let config = WebSocketConfig::default()
         .read_buffer_size(4 * 1024)
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES));
-    let (socket, response) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
+    let connector = Some(Connector::Rustls(tls));
+    let (socket, response) = tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector)
         .await
         .map_err(|error| format!("cannot open {url}: {error}"))?;
     let answered = response.headers().get(SEC_WEBSOCKET_PROTOCOL).and_then(|value| value.to_str().ok());

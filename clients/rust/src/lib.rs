@@ -49,3 +49,6 @@ pub use types::{
     State, Subscribed, SyncedConversation,
 };
 pub use wire::Encoding;
+
+/// The rustls this crate speaks `wss://` with, for [`ClientOptions::tls`].
+pub use rustls;

@@ -123,6 +123,19 @@ pub struct ClientOptions {
     pub max_body_bytes: usize,
     /// Consecutive 4001 closes before the client gives up (3).
     pub max_auth_failures: u32,
+    /// TLS for `wss://` URLs: `None` (the default) trusts the Mozilla roots (webpki-roots)
+    /// with rustls on ring; give a config of your own for other roots or a client
+    /// certificate (`herald_client::rustls` is the version this crate uses).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Events waiting in [`Events`](crate::Events) at most (1,024). When the application
+    /// does not read them, the client stops reading the socket: the server queues for it,
+    /// and past its limit closes the connection (4008, slow consumer); the client then
+    /// reconnects and catches up once events are read again. Nothing is lost: messages not
+    /// handled are not acked, so the server pushes them again.
+    pub event_capacity: usize,
+    /// How long [`Client::close`](crate::Client::close) waits for the deliveries already
+    /// handed over to be handled, so that their acks go out (5 s).
+    pub close_timeout: Duration,
 }
 
 impl fmt::Debug for ClientOptions {
@@ -156,6 +169,9 @@ impl ClientOptions {
             catch_up_on_connect: true,
             max_body_bytes: 1_047_552,
             max_auth_failures: 3,
+            tls: None,
+            event_capacity: 1_024,
+            close_timeout: Duration::from_secs(5),
         }
     }
 }

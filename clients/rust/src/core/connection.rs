@@ -74,6 +74,10 @@ impl Core {
         self.connect_deadline = None;
         self.go_away_deadline = None;
         self.reset_connection_state(code, &reason);
+        if self.is_closing() {
+            // A close was waiting for acks this socket can no longer carry.
+            self.close();
+        }
         if self.is_closed() {
             return;
         }

@@ -351,6 +351,11 @@ impl Core {
         }
     }
 
+    /// Deliveries handed to the application and not yet handled (dropped).
+    pub(super) fn deliveries_in_hand(&self) -> bool {
+        self.conversations.values().any(|conversation| conversation.unhandled.iter().any(|(_, handled)| !handled))
+    }
+
     pub(super) fn delivery_handled(&mut self, name: &str, seq: u64) {
         let Some(conversation) = self.conversations.get_mut(name) else {
             return;

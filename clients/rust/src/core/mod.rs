@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::backoff::Backoff;
 use crate::error::{ClientError, SendError};
-use crate::options::ClientOptions;
+use crate::options::{AckMode, ClientOptions};
 use crate::pacing::{FrameBudget, SendWindow};
 use crate::types::{
     ConnectedInfo, DisconnectedInfo, Event, GoAwayInfo, HistoryPage, Sent, State, Subscribed, SyncedConversation,
@@ -171,6 +171,9 @@ pub(crate) struct Core {
     drop_request: Option<(u16, String)>,
     /// `close()` calls waiting for the socket's close to be written.
     close_waiters: Vec<oneshot::Sender<()>>,
+    /// A `close()` waits until then for the deliveries in the application's hands, so that
+    /// their acks go out on this connection; no new message is read meanwhile.
+    closing_until: Option<Instant>,
 }
 
 impl Core {
@@ -225,11 +228,23 @@ impl Core {
             outbox: Vec::new(),
             drop_request: None,
             close_waiters: Vec::new(),
+            closing_until: None,
         }
     }
 
     pub(crate) fn is_closed(&self) -> bool {
         self.state == State::Closed
+    }
+
+    /// A `close()` waits for deliveries to be handled: the driver reads no new frames.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing_until.is_some()
+    }
+
+    /// The driver is not reading the socket (the application's events are full): what the
+    /// server may have said meanwhile is unread, not missing, so its silence does not count.
+    pub(crate) fn reading_paused(&mut self) {
+        self.last_heard = Instant::now();
     }
 
     /// The driver is done: the `close()` calls return.
@@ -298,10 +313,21 @@ impl Core {
                 self.request(Request { body: v1::Sync { cursors, limit }.into(), waiter: Waiter::Sync(reply) });
             }
             Command::Ack { conversation, seq } => self.manual_ack(&conversation, seq),
-            Command::Handled { conversation, seq } => self.delivery_handled(&conversation, seq),
+            Command::Handled { conversation, seq } => {
+                self.delivery_handled(&conversation, seq);
+                if self.is_closing() && !self.deliveries_in_hand() {
+                    self.close();
+                }
+            }
             Command::Close { done } => {
-                self.close();
                 self.close_waiters.push(done);
+                let waits = self.state == State::Connected && self.options.ack == AckMode::Auto;
+                if waits && self.deliveries_in_hand() {
+                    let until = Instant::now() + self.options.close_timeout;
+                    self.closing_until.get_or_insert(until);
+                } else {
+                    self.close();
+                }
             }
         }
     }
@@ -309,6 +335,7 @@ impl Core {
     /// Ends the client: queued acks go out (the driver writes them before closing the
     /// socket), everything waiting is rejected.
     pub(crate) fn close(&mut self) {
+        self.closing_until = None;
         if self.is_closed() {
             return;
         }
@@ -429,10 +456,17 @@ impl Core {
 
     /// When the driver must call [`Core::on_timer`] next.
     pub(crate) fn next_wakeup(&self) -> Option<Instant> {
-        let mut next = [self.reconnect_at, self.connect_deadline, self.go_away_deadline, self.ack_at, self.pump_at]
-            .into_iter()
-            .flatten()
-            .min();
+        let mut next = [
+            self.reconnect_at,
+            self.connect_deadline,
+            self.go_away_deadline,
+            self.ack_at,
+            self.pump_at,
+            self.closing_until,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let mut consider = |at: Instant| next = Some(next.map_or(at, |current| current.min(at)));
         if self.state == State::Connected {
             // Never an instant already past: the driver would wake at once, again and again.
@@ -486,6 +520,11 @@ impl Core {
             self.pump();
         }
         self.gap_timers(now);
+        if self.closing_until.is_some_and(|at| at <= now) {
+            // The application kept its deliveries past the close timeout: their acks are
+            // lost with this client, and the server pushes them again to the device.
+            self.close();
+        }
     }
 }
 

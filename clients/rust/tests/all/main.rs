@@ -3,4 +3,5 @@
 
 mod conformance;
 mod harness;
+mod lifecycle;
 mod resilience;

@@ -1,0 +1,140 @@
+//! The client's own edges, against a real Herald: `wss://`, a `close()` that waits for the
+//! deliveries in the application's hands, and an application that reads its events late.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald_client::rustls::pki_types::CertificateDer;
+use herald_client::rustls::pki_types::pem::PemObject as _;
+use herald_client::rustls::{ClientConfig, RootCertStore};
+use herald_client::{Client, Event, MemorySeqStore, SendOptions, State};
+
+use crate::harness::{Herald, Recorded, TestResult, barrier, history_all, options, text, wait_for, within};
+
+const DM: &str = "dm:alice:bob";
+const LONG: Duration = Duration::from_secs(60);
+
+/// The next message event, skipping the others.
+async fn next_message(events: &mut herald_client::Events) -> herald_client::Delivery {
+    loop {
+        match within("a message", LONG, events.next()).await {
+            Some(Event::Message(delivery)) => return delivery,
+            Some(_) => {}
+            None => panic!("the events ended before a message"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wss_with_the_applications_roots_sends_and_receives() -> TestResult {
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])?;
+    let dir = tempfile::tempdir()?;
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, made.cert.pem())?;
+    std::fs::write(&key, made.signing_key.serialize_pem())?;
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let herald = Herald::start(true, &[("HERALD_TLS__CERT_FILE", &cert), ("HERALD_TLS__KEY_FILE", &key)]).await;
+    let url = format!("wss://127.0.0.1:{}/v1/ws", herald.port);
+
+    let mut roots = RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(made.cert.pem().as_bytes())?)?;
+    let provider = Arc::new(herald_client::rustls::crypto::ring::default_provider());
+    let tls = Arc::new(
+        ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    );
+    let mut alice_options = options(&url, "alice", &MemorySeqStore::new());
+    alice_options.tls = Some(tls.clone());
+    let mut bob_options = options(&url, "bob", &MemorySeqStore::new());
+    bob_options.tls = Some(tls);
+    let alice = Recorded::connect(alice_options);
+    let bob = Recorded::connect(bob_options);
+    bob.connected().await;
+    let sent = within("the send over wss", LONG, alice.client.send(DM, "over TLS", SendOptions::default())).await?;
+    wait_for("bob got it over wss", LONG, || bob.texts() == ["over TLS"]).await;
+    assert_eq!(bob.seen().messages[0].id, sent.message_id);
+
+    // The default roots (the public ones) do not know this certificate: never connected.
+    let stranger = Recorded::connect(options(&url, "carol", &MemorySeqStore::new()));
+    wait_for("carol's attempt to fail", LONG, || !stranger.seen().disconnected.is_empty()).await;
+    assert_eq!(stranger.seen().connected, 0, "a certificate the roots do not know is refused");
+    for client in [&alice.client, &bob.client, &stranger.client] {
+        client.close().await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_waits_for_the_deliveries_in_hand_and_their_acks_reach_the_server() -> TestResult {
+    let herald = Herald::start(true, &[]).await;
+    let alice = Recorded::connect(options(&herald.url(), "alice", &MemorySeqStore::new()));
+    let (bob, mut events) = Client::connect(options(&herald.url(), "bob", &MemorySeqStore::new()));
+    within("bob connected", LONG, bob.connected()).await?;
+    alice.client.send(DM, "held while closing", SendOptions::default()).await?;
+    let delivery = next_message(&mut events).await;
+    assert_eq!(text(&delivery), "held while closing");
+
+    // The application still works on the message when it closes the client.
+    let closing = tokio::spawn({
+        let bob = bob.clone();
+        async move { bob.close().await }
+    });
+    // Only how sensitive the test is depends on this pause, never whether it passes: a close
+    // that did not wait would have closed the socket by now, and the ack would be lost.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(bob.state(), State::Connected, "the client stays connected while a delivery is in hand");
+    drop(delivery);
+    within("close returns once the delivery is handled", LONG, closing).await?;
+    drop(events);
+
+    // A fresh store: only the server's cursor of this device keeps the message from coming back.
+    let again = Recorded::connect(options(&herald.url(), "bob", &MemorySeqStore::new()));
+    assert_eq!(barrier(&herald, &again, DM).await, Vec::<String>::new(), "the ack went out before the close");
+    alice.client.close().await;
+    again.client.close().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_gives_up_on_a_delivery_kept_past_the_timeout() -> TestResult {
+    let herald = Herald::start(true, &[]).await;
+    let alice = Recorded::connect(options(&herald.url(), "alice", &MemorySeqStore::new()));
+    let mut bob_options = options(&herald.url(), "bob", &MemorySeqStore::new());
+    bob_options.close_timeout = Duration::from_millis(200);
+    let (bob, mut events) = Client::connect(bob_options);
+    within("bob connected", LONG, bob.connected()).await?;
+    alice.client.send(DM, "kept", SendOptions::default()).await?;
+    let kept = next_message(&mut events).await;
+    within("close returns after its timeout", LONG, bob.close()).await;
+    assert_eq!(bob.state(), State::Closed);
+    drop(kept);
+    alice.client.close().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_read_late_arrive_all_once_in_order() -> TestResult {
+    let herald = Herald::start(true, &[]).await;
+    let alice = Recorded::connect(options(&herald.url(), "alice", &MemorySeqStore::new()));
+    let mut bob_options = options(&herald.url(), "bob", &MemorySeqStore::new());
+    bob_options.event_capacity = 4;
+    let (bob, mut events) = Client::connect(bob_options);
+    within("bob connected", LONG, bob.connected()).await?;
+    // Bob's application reads nothing while 60 messages are sent: its channel holds 4.
+    let sent: Vec<String> = (0..60).map(|i| format!("late-{i:02}")).collect();
+    for body in &sent {
+        alice.client.send(DM, body.clone(), SendOptions::default()).await?;
+    }
+    let mut got = Vec::new();
+    while got.len() < sent.len() {
+        got.push(text(&next_message(&mut events).await.message));
+    }
+    assert_eq!(got, sent, "every message once, in order, though read late");
+    let stored: Vec<String> = history_all(&alice.client, DM).await.iter().map(text).collect();
+    assert_eq!(stored, sent);
+    alice.client.close().await;
+    bob.close().await;
+    Ok(())
+}
