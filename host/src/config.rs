@@ -19,12 +19,14 @@ mod cluster;
 mod edge;
 mod ids;
 mod intake;
+mod registry;
 mod tls;
 
 pub use cluster::{ClusterConfig, DEV_CLUSTER_SECRET, Placement};
 pub use edge::{ApiConfig, GatewayConfig};
 pub use ids::IdsConfig;
 pub use intake::IntakeConfig;
+pub use registry::PluginRegistryConfig;
 pub use tls::TlsConfig;
 
 /// The most `worker_threads` may name: past the cores a machine has, more threads only
@@ -76,6 +78,8 @@ pub struct Config {
     /// The Wasm plugin runtime: pools, limits, quarantine, and per-plugin overrides under
     /// `[plugin_runtime.plugins.<name>]` (see `sdk/README.md`).
     pub plugin_runtime: herald_plugin_runtime::PluginHostConfig,
+    /// The plugin registry in the database: upload size, how nodes follow it.
+    pub plugin_registry: PluginRegistryConfig,
     /// Cluster mode: on when `redis_url` is set.
     pub cluster: ClusterConfig,
     /// Intake protection: send and HTTP rates, the backlog cap, connection caps.
@@ -176,6 +180,7 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             api: ApiConfig::default(),
             plugin_runtime: herald_plugin_runtime::PluginHostConfig::default(),
+            plugin_registry: PluginRegistryConfig::default(),
             cluster: ClusterConfig::default(),
             intake: IntakeConfig::default(),
             tls: TlsConfig::default(),
@@ -428,6 +433,7 @@ impl Config {
             ));
         }
         self.ids.validate().map_err(ConfigError::Invalid)?;
+        self.plugin_registry.validate().map_err(ConfigError::Invalid)?;
         self.seq.validate().map_err(ConfigError::Invalid)
     }
 

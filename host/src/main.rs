@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+
+#[path = "cli/registry.rs"]
+mod registry_cli;
 use herald_host::config::{Config, Overrides};
 use herald_host::server;
 use herald_host::store::Database;
@@ -74,6 +77,44 @@ enum PluginCommand {
         /// Print the whole report as JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Upload a plugin version to the registry of a running cluster (or embedded node):
+    /// checked there before it is stored (PUT /admin/plugins/NAME/versions/VERSION).
+    Push {
+        /// The plugin's .wasm file.
+        file: PathBuf,
+        /// Its manifest; the name and version come from it unless given below.
+        #[arg(long)]
+        manifest: Option<PathBuf>,
+        /// The plugin's name (default: the manifest's, else the file's stem).
+        #[arg(long)]
+        name: Option<String>,
+        /// The version (default: the manifest's).
+        #[arg(long)]
+        version: Option<String>,
+        /// A node's HTTP URL, e.g. http://127.0.0.1:7070.
+        #[arg(long, env = "HERALD_URL")]
+        url: String,
+        /// An admin key.
+        #[arg(long, env = "HERALD_ADMIN_KEY")]
+        key: String,
+    },
+    /// Deploy an uploaded version on every node, as the active version or (--shadow) as
+    /// its shadow; answers once every node switched, or names the node that could not.
+    Deploy {
+        /// The plugin's name.
+        name: String,
+        /// The version to deploy.
+        version: String,
+        /// Deploy it as the shadow of the active version.
+        #[arg(long)]
+        shadow: bool,
+        /// A node's HTTP URL, e.g. http://127.0.0.1:7070.
+        #[arg(long, env = "HERALD_URL")]
+        url: String,
+        /// An admin key.
+        #[arg(long, env = "HERALD_ADMIN_KEY")]
+        key: String,
     },
     /// Scaffold a new plugin crate that builds against herald-sdk.
     ///
@@ -235,6 +276,14 @@ async fn plugin(command: PluginCommand) -> anyhow::Result<()> {
         PluginCommand::Check { file } => {
             let report = herald_plugin_runtime::check(&file).await?;
             print_report(&serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        PluginCommand::Push { file, manifest, name, version, url, key } => {
+            print_report(&registry_cli::push(&file, manifest.as_deref(), name, version, &url, &key).await?);
+            Ok(())
+        }
+        PluginCommand::Deploy { name, version, shadow, url, key } => {
+            print_report(&registry_cli::deploy(&name, &version, shadow, &url, &key).await?);
             Ok(())
         }
         PluginCommand::Replay { plugin, recording, json } => {

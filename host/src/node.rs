@@ -40,7 +40,7 @@ use crate::model::NodeId;
 use crate::pipeline::dedup::{DedupMarks, LocalDedup};
 use crate::pipeline::lanes::{Lanes, OwnerFrontier};
 use crate::pipeline::{Pipeline, PipelineParts};
-use crate::plugins::{Hook, PluginError, PluginHost, Plugins, types};
+use crate::plugins::{Hook, PluginError, PluginHost, Plugins, RegistryWiring, types};
 use crate::routing::bus::{LocalBus, NodeBus};
 use crate::routing::rooms::{MemoryRoomDirectory, RoomDirectory, Rooms};
 use crate::routing::router::Router;
@@ -156,16 +156,18 @@ impl Node {
         };
         // Cluster mode keeps plugin KV and rate limits in Redis, so they hold on every node.
         let (runtime, dir) = (config.plugin_runtime.clone(), config.plugins_dir());
+        let this_node = cluster.as_ref().map_or(NodeId(config.node_id.unwrap_or(0)), |cluster| cluster.this_node());
+        let registry_store = Arc::new(database.clone());
         let plugins = async {
             match &cluster {
                 Some(cluster) => {
                     let (kv, limiter) = cluster.plugin_state();
-                    Plugins::start_with(runtime, &dir, kv, limiter).await
+                    let registry = cluster.plugin_registry(&config, registry_store);
+                    Plugins::start_with(runtime, &dir, kv, limiter, registry).await
                 }
-                None => Plugins::start(runtime, &dir).await,
+                None => Plugins::start(runtime, &dir, RegistryWiring::embedded(&config, registry_store, this_node)).await,
             }
         };
-        let this_node = cluster.as_ref().map_or(NodeId(config.node_id.unwrap_or(0)), |cluster| cluster.this_node());
         // Any wait for the clock to pass this node id's newest committed id overlaps
         // loading the plugins.
         let ids = crate::ids::resume(&database, this_node, SystemClock, config.ids.max_clock_wait);

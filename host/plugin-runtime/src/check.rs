@@ -59,9 +59,37 @@ fn sample_message() -> Message {
 /// The load error: unreadable file, bad manifest, wrong contract version, forbidden import,
 /// no hooks, hooks differing from the manifest, or a failed instantiation.
 pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
-    let host = PluginHost::embedded(PluginHostConfig::default())?;
     let source = Source::read_off_thread(path.as_ref().to_path_buf()).await?;
+    check_source(source).await
+}
+
+/// [`check`] on a component and manifest given as bytes (an upload to the registry):
+/// `name` is the plugin's name, `manifest` its TOML text (none when empty).
+///
+/// # Errors
+/// As [`check`].
+pub async fn check_bytes(name: &str, wasm: Vec<u8>, manifest: &str) -> Result<CheckReport, PluginError> {
+    check_source(Source::from_bytes(name, wasm, manifest)).await
+}
+
+async fn check_source(source: Source) -> Result<CheckReport, PluginError> {
+    let host = PluginHost::embedded(PluginHostConfig::default())?;
     let plugin = Plugin::load(&host.inner.runtime, source, &host.inner.deps, None, &[]).await?;
+    let samples = run_samples(&plugin).await;
+    Ok(CheckReport {
+        name: plugin.name.to_string(),
+        version: plugin.settings.version.clone(),
+        contract_version: plugin.contract.version().to_owned(),
+        content_hash: plugin.content_hash.clone(),
+        hooks: plugin.hooks.clone(),
+        imports: plugin.imports.clone(),
+        samples,
+    })
+}
+
+/// Runs each hook `plugin` exports once on sample input: what `herald plugin check` shows,
+/// what an upload to the registry must pass, and how a node warms a deployed version.
+pub(crate) async fn run_samples(plugin: &Plugin) -> Vec<SampleRun> {
     let message = sample_message();
     let announcement = Announcement {
         room: "room:lobby".into(),
@@ -111,15 +139,7 @@ pub async fn check(path: impl AsRef<Path>) -> Result<CheckReport, PluginError> {
         };
         samples.push(SampleRun { hook, input: text, outcome });
     }
-    Ok(CheckReport {
-        name: plugin.name.to_string(),
-        version: plugin.settings.version.clone(),
-        contract_version: plugin.contract.version().to_owned(),
-        content_hash: plugin.content_hash.clone(),
-        hooks: plugin.hooks.clone(),
-        imports: plugin.imports.clone(),
-        samples,
-    })
+    samples
 }
 
 /// Where a scaffolded plugin gets `herald-sdk` from.

@@ -123,6 +123,17 @@ pub enum PluginError {
         /// wasmtime's message.
         message: String,
     },
+    /// Warming a version for the registry: its sample call (the one `herald plugin check`
+    /// makes) failed on this node, with this node's settings.
+    #[error("plugin `{name}`: its sample {hook} call failed while warming: {message}")]
+    Warm {
+        /// The plugin.
+        name: String,
+        /// The hook whose call failed.
+        hook: String,
+        /// Why.
+        message: String,
+    },
     /// The wasmtime engine could not be configured.
     #[error("plugin engine: {0}")]
     Engine(String),

@@ -48,14 +48,14 @@ mod status;
 mod watch;
 
 pub use canary::{CanaryState, CanaryStatus, PromoteError};
-pub use check::{CheckReport, SampleRun, ScaffoldError, SdkDependency, check, scaffold};
+pub use check::{CheckReport, SampleRun, ScaffoldError, SdkDependency, check, check_bytes, scaffold};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
     CanaryPolicy, FailurePolicy, Hook, Limits, PluginHostConfig, PluginOverride, QuarantinePolicy, ShadowPolicy,
 };
 pub use error::PluginError;
 pub use fallback::{BuiltinDefaults, Fallback};
-pub use host::PluginHost;
+pub use host::{PluginHost, Prepared};
 pub use kv::{KvError, KvLimits, MemoryKv, PluginKv};
 pub use limiter::{Limit, LimiterError, MemoryLimiter, RateLimiter};
 pub use manifest::{LimitsPatch, Manifest};

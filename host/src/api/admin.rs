@@ -30,7 +30,7 @@ pub async fn page() -> impl IntoResponse {
     ([(header::CONTENT_SECURITY_POLICY, policy), (header::CACHE_CONTROL, "no-store")], Html(ADMIN_PAGE))
 }
 
-fn require_admin_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn require_admin_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     require_key(node, headers, &node.config().api.admin_keys, "admin key")
 }
 
@@ -38,7 +38,13 @@ fn require_admin_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
 /// time and state (with the last load error) of every plugin.
 pub async fn plugins(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
-    Ok(Json(json!({ "plugins": node.plugins().status() })))
+    let registry = match node.plugin_registry().listing().await {
+        Ok(listing) => listing,
+        // The folder's plugins are still worth showing while the database does not answer.
+        Err(error) => json!({ "error": error.to_string() }),
+    };
+    let overridden = node.plugins().overridden_files();
+    Ok(Json(json!({ "plugins": node.plugins().status(), "registry": registry, "overridden_files": overridden })))
 }
 
 /// `GET /admin/health`: the last health sample, the delivery tier chosen from it and why,
@@ -212,7 +218,9 @@ pub async fn stop_recording(
     }
 }
 
-/// `POST /admin/plugins/{name}/promote`: the plugin's shadow (`NAME.shadow.wasm`) becomes
+/// `POST /admin/plugins/{name}/promote`: for a plugin the registry deploys, its shadow
+/// becomes its active version on every node (`registry.rs`, a deploy's two phases) and is
+/// watched as the cluster's canary. Otherwise the plugin's shadow (`NAME.shadow.wasm`) becomes
 /// its active version and is watched for `plugin_runtime.canary.window_ms`, rolled back by
 /// itself past the canary bounds (sdk/README.md, "Shadow runs and canaries"). 404 when it
 /// has no shadow.
@@ -223,6 +231,10 @@ pub async fn promote(
 ) -> Result<Json<Value>, ApiError> {
     require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
+    if node.plugins().managed().contains(&name) {
+        let key_id = super::registry::key_id(&headers);
+        return Ok(Json(node.plugin_registry().promote(&name, &key_id).await?));
+    }
     match node.plugins().promote(&name).await {
         Ok(status) => Ok(Json(json!({ "plugin": status }))),
         Err(error @ PromoteError::NoShadow(_)) => Err(ApiError::not_found(error.to_string())),

@@ -6,6 +6,7 @@
 mod admin;
 mod conversations;
 mod groups;
+mod registry;
 mod rooms;
 mod users;
 
@@ -95,7 +96,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/admin/route", get(admin::route))
         .route("/admin/plugins/reload", post(admin::reload))
         .route("/admin/plugins/{name}/recording", post(admin::start_recording).delete(admin::stop_recording))
-        .route("/admin/plugins/{name}/promote", post(admin::promote))
+        .route("/admin/plugins/{name}/history", get(registry::history))
         .route("/admin/plugins/{name}/shadow", axum::routing::delete(admin::discard_shadow));
     if node.config().dev {
         limited = limited.route("/", get(|| async { Html(WEB_PAGE) }));
@@ -103,12 +104,21 @@ pub fn router(node: Arc<Node>) -> Router {
     let limited = limited
         .route_layer(middleware::from_fn_with_state(Arc::clone(&node), limit_http))
         .layer(DefaultBodyLimit::max(node.config().api.max_body_bytes));
+    // Uploads and deploys: their own body limit, and no request timeout (a deploy waits
+    // for every node, bounded by plugin_registry.deploy_timeout_ms).
+    let registry = Router::new()
+        .route("/admin/plugins/{name}/versions/{version}", put(registry::upload))
+        .route("/admin/plugins/{name}/deploy", post(registry::deploy))
+        .route("/admin/plugins/{name}/rollback", post(registry::rollback))
+        .route("/admin/plugins/{name}/promote", post(admin::promote))
+        .layer(DefaultBodyLimit::max(node.config().plugin_registry.max_component_bytes));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/ws", get(crate::gateway::upgrade).with_state(node.gateway()))
         .merge(limited)
+        .merge(registry)
         .fallback(not_found)
         .with_state(node)
 }

@@ -65,6 +65,7 @@ pub mod keys;
 pub mod membership;
 pub mod nginx_conf;
 pub mod peer;
+pub mod plugin_notices;
 pub mod plugin_state;
 pub mod redis_dedup;
 pub mod redis_ledgers;

@@ -31,7 +31,9 @@ use crate::config::Config;
 use crate::delivery::sessions::Sessions;
 use crate::ids::SeqAllocator;
 use crate::model::{NodeId, UserId};
-use crate::plugins::{Hook, PluginHost, PluginKv, RateLimiter};
+use crate::cluster::plugin_notices::RedisNotices;
+use crate::plugins::{Hook, LiveNodes, PluginHost, PluginKv, RateLimiter, RegistryWiring};
+use crate::store::PluginRegistryStore;
 use crate::routing::cache::{CacheLifetimes, CachedRoutes};
 use crate::routing::rooms::{RoomDirectory, Rooms};
 use crate::routing::router::Router;
@@ -206,6 +208,16 @@ impl Cluster {
             client_urls,
             published_url: Mutex::new(None),
         })
+    }
+
+    /// How this node follows the plugin registry: notices over Redis pub/sub, and the
+    /// live members as the nodes a deploy waits for.
+    pub(super) fn plugin_registry(&self, config: &Config, store: Arc<dyn PluginRegistryStore>) -> RegistryWiring {
+        let url = config.cluster.redis_url.as_deref().unwrap_or_default();
+        let notices = RedisNotices::start(self.redis.clone(), &self.keys, url);
+        let membership = Arc::clone(&self.membership);
+        let live: LiveNodes = Arc::new(move || membership.members().into_iter().map(|(node, _)| node).collect());
+        RegistryWiring::new(config, store, notices, live, self.this_node())
     }
 
     /// The plugin KV and rate limiter every node shares.

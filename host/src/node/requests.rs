@@ -158,6 +158,11 @@ impl Node {
         &self.plugins.host
     }
 
+    /// Uploads and deploys through the plugin registry.
+    pub fn plugin_registry(&self) -> &crate::plugins::Deployer {
+        &self.plugins.deployer
+    }
+
     /// Health counters, the last health sample and the delivery tier.
     pub fn vitals(&self) -> &Vitals {
         &self.vitals

@@ -21,6 +21,7 @@ mod idle_release;
 pub mod latency;
 pub mod messages;
 pub mod mysql;
+pub mod plugin_registry;
 pub mod postgres;
 pub mod repos;
 pub mod seq_lease;
@@ -45,6 +46,7 @@ pub use batch::Submission;
 pub use group_commit::{BatchTotals, GroupCommitter};
 pub use id_marks::IdMarks;
 pub use latency::LatencyWindow;
+pub use plugin_registry::PluginRegistryStore;
 pub use repos::*;
 pub use seq_lease::{Fence, Lease, LeaseError, LeaseSql, OwnerClaim, SeqLeases, SeqRange};
 

@@ -5,9 +5,11 @@
 //! flight: they finish on the version they started with. Reloads are serialized; a version
 //! that fails to load leaves the previous one serving and records the error in its status.
 //!
-//! Beside this file: the registry (`registry.rs`), loading and reloading (`reload.rs`), and
-//! promotion of a shadow with its canary watch (`promote.rs`).
+//! Beside this file: the registry (`registry.rs`), loading and reloading (`reload.rs`),
+//! promotion of a shadow with its canary watch (`promote.rs`), and versions handed in by
+//! the plugin registry of the database rather than read from the folder (`deployed.rs`).
 
+mod deployed;
 mod promote;
 mod registry;
 mod reload;
@@ -31,6 +33,7 @@ use std::{
     sync::{Arc, atomic::Ordering::Relaxed},
 };
 
+pub use deployed::Prepared;
 pub(crate) use registry::{Registry, Slot};
 
 pub(crate) struct Inner {
@@ -40,6 +43,11 @@ pub(crate) struct Inner {
     pub registry: ArcSwap<Registry>,
     reload_lock: tokio::sync::Mutex<()>,
     dir: parking_lot::Mutex<Option<PathBuf>>,
+    /// Plugins the registry deploys (`deployed.rs`): the folder's files of these names are
+    /// not loaded, and a reload of the folder keeps their slots.
+    managed: parking_lot::Mutex<std::collections::BTreeSet<String>>,
+    /// Folder files passed over because the registry deploys their plugin, by file stem.
+    overridden: parking_lot::Mutex<Vec<String>>,
 }
 
 /// Herald's plugin runtime: loads plugin components, calls their hooks under the sandbox's
@@ -95,6 +103,8 @@ impl PluginHost {
                 registry: ArcSwap::from_pointee(Registry::default()),
                 reload_lock: tokio::sync::Mutex::new(()),
                 dir: parking_lot::Mutex::new(None),
+                managed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
+                overridden: parking_lot::Mutex::new(Vec::new()),
             }),
         })
     }

@@ -55,10 +55,26 @@ impl PluginHost {
         let _guard = self.inner.reload_lock.lock().await;
         let current = self.inner.registry.load_full();
         let mut slots = BTreeMap::new();
+        let mut overridden = Vec::new();
         for file in files {
+            let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
+            if self.is_managed(&stem) {
+                // The registry deploys this plugin: its version wins over the folder's.
+                overridden.push(stem);
+                continue;
+            }
             let (name, slot, _error) = self.load_slot(&current, file).await;
             slots.insert(name, slot);
         }
+        for (stem, slot) in &current.slots {
+            if self.is_managed(stem) {
+                slots.insert(stem.clone(), slot.clone());
+            }
+        }
+        if !overridden.is_empty() {
+            tracing::warn!(files = ?overridden, "plugin files passed over: the plugin registry deploys these plugins");
+        }
+        *self.inner.overridden.lock() = overridden;
         self.swap(slots);
         Ok(self.status())
     }
@@ -85,6 +101,9 @@ impl PluginHost {
             .and_then(|s| s.to_str())
             .ok_or_else(|| PluginError::NotAPluginFile(path.to_path_buf()))?
             .to_owned();
+        if self.is_managed(&name) {
+            return Ok(()); // the registry deploys this plugin: the folder's file waits
+        }
         let _guard = self.inner.reload_lock.lock().await;
         let current = self.inner.registry.load_full();
         let mut slots = current.slots.clone();

@@ -103,6 +103,23 @@ impl Source {
         Ok(Self { name, file, wasm, manifest, content_hash, fingerprint, stamp })
     }
 
+    /// A version given as bytes rather than files (from the plugin registry): `stem` is
+    /// `NAME` or `NAME.shadow`, `manifest` the manifest's text (none when empty). Its
+    /// `file` names no file; it only labels the version in status and logs.
+    pub fn from_bytes(stem: &str, wasm: Vec<u8>, manifest: &str) -> Self {
+        let content_hash = format!("sha256:{}", hex(&Sha256::digest(&wasm)));
+        let label = PathBuf::from(format!("registry/{stem}.wasm"));
+        let manifest = (!manifest.is_empty()).then(|| (label.with_extension("toml"), manifest.to_owned()));
+        let mut h = Sha256::new();
+        h.update(content_hash.as_bytes());
+        if let Some((_, text)) = &manifest {
+            h.update([0]);
+            h.update(text.as_bytes());
+        }
+        let fingerprint = hex(&h.finalize());
+        Self { name: stem.to_owned(), file: label, wasm: Some(wasm), manifest, content_hash, fingerprint, stamp: None }
+    }
+
     /// [`Source::read_known`] on a blocking thread, knowing no earlier version.
     pub async fn read_off_thread(file: PathBuf) -> Result<Self, PluginError> {
         Self::read_known_off_thread(file, None).await

@@ -43,6 +43,7 @@ mod intake;
 mod limits;
 mod placement;
 mod placement_restart;
+mod plugin_registry;
 mod plugins;
 mod reconnect;
 mod recording;

@@ -1,0 +1,223 @@
+//! The plugin registry: uploads checked before they are stored (a refusal changes
+//! nothing), deploys, shadows, promotions and rollbacks through `herald plugin push` /
+//! `deploy` and the admin API, the audit trail; on one embedded node, and on three cluster
+//! nodes on PostgreSQL and on MariaDB, where every node switches together, a node that
+//! cannot warm a version aborts the deploy everywhere, and a node that was down serves the
+//! registry's version from its first connection.
+
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine as _;
+use herald_host::store::Backend;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use super::hostile::guest;
+use super::nodes::Nodes;
+use super::server::{DEV_KEY, Herald};
+use crate::support::poll::poll;
+
+const ECHO_V1: &str = "name = \"echo\"\nversion = \"1.0.0\"\n";
+const ECHO_V2: &str = "name = \"echo\"\nversion = \"2.0.0\"\n";
+const WF: &str = "name = \"wf\"\nversion = \"1.0.0\"\n[config]\nblocked_words = [\"spam\"]\n";
+
+/// `PUT /admin/plugins/{name}/versions/{version}` with raw bytes and the manifest header.
+async fn put(herald: &Herald, name: &str, version: &str, component: &[u8], manifest: &str) -> (u16, Value) {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", herald.port)).await.expect("connect");
+    let mut head = format!(
+        "PUT /admin/plugins/{name}/versions/{version} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Authorization: Bearer {DEV_KEY}\r\nContent-Length: {}\r\n",
+        component.len()
+    );
+    if !manifest.is_empty() {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(manifest);
+        head.push_str(&format!("X-Herald-Manifest: {encoded}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await.expect("write head");
+    // A server refusing a large body may close before reading it all.
+    let _ = stream.write_all(component).await;
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw).await;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Runs `herald plugin ARGS… --url URL --key dev-key`; its stdout, or its stderr as the error.
+fn cli(herald: &Herald, args: &[&str]) -> Result<Value, String> {
+    let output = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .arg("plugin")
+        .args(args)
+        .args(["--url", &format!("http://127.0.0.1:{}", herald.port), "--key", DEV_KEY])
+        .output()
+        .expect("run herald plugin");
+    if output.status.success() {
+        Ok(serde_json::from_slice(&output.stdout).unwrap_or(Value::Null))
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+/// Writes `text` to a manifest file in `dir`.
+fn manifest_file(dir: &tempfile::TempDir, file: &str, text: &str) -> String {
+    let path = dir.path().join(file);
+    std::fs::write(&path, text).expect("write manifest");
+    path.display().to_string()
+}
+
+fn push(herald: &Herald, krate: &str, manifest: &str) -> Value {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = manifest_file(&dir, "plugin.toml", manifest);
+    let wasm = guest(krate).display().to_string();
+    cli(herald, &["push", &wasm, "--manifest", &file]).unwrap_or_else(|error| panic!("push {krate}: {error}"))
+}
+
+/// The version of plugin `name` the node serves (its manifest version), if any.
+async fn serving(herald: &Herald, name: &str) -> Option<String> {
+    let listing = herald.get("/admin/plugins", Some(DEV_KEY)).await.json();
+    let plugins = listing["plugins"].as_array().cloned().unwrap_or_default();
+    plugins.iter().find(|p| p["name"] == name).and_then(|p| p["version"].as_str().map(str::to_owned))
+}
+
+async fn history(herald: &Herald, name: &str) -> Vec<String> {
+    let response = herald.get(&format!("/admin/plugins/{name}/history"), Some(DEV_KEY)).await;
+    assert_eq!(response.status, 200, "{}", response.body);
+    let rows = response.json()["history"].as_array().cloned().unwrap_or_default();
+    rows.iter().map(|row| row["action"].as_str().unwrap_or_default().to_owned()).collect()
+}
+
+async fn registry(herald: &Herald) -> Value {
+    herald.get("/admin/plugins", Some(DEV_KEY)).await.json()["registry"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_uploads_are_refused_with_a_reason_and_leave_the_registry_unchanged() {
+    let herald = Herald::with().set("PLUGIN_REGISTRY__MAX_COMPONENT_BYTES", 3_000_000).start().await;
+    let echo = std::fs::read(guest("echo_v1")).expect("echo-v1");
+
+    let (status, body) = put(&herald, "junk", "1.0.0", b"not a component at all", "").await;
+    assert_eq!((status, body["error"]["code"].clone()), (422, json!("refused")), "{body}");
+
+    let future = std::fs::read(guest("future_contract")).expect("future-contract");
+    let (status, body) = put(&herald, "future", "1.0.0", &future, "").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("contract"), "{body}");
+
+    let filter = std::fs::read(guest("word_filter")).expect("word-filter");
+    let bad_config = "name = \"wf\"\nversion = \"1.0.0\"\n[config]\nblocked_words = \"not a list\"\n";
+    let (status, body) = put(&herald, "wf", "1.0.0", &filter, bad_config).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("sample message-policy call"), "{body}");
+
+    let (status, body) = put(&herald, "echo", "3.0.0", &echo, ECHO_V1).await;
+    assert_eq!(status, 422, "the manifest says 1.0.0: {body}");
+
+    let (status, body) = put(&herald, "echo", "1.0.0", &vec![0u8; 3_000_001], "").await;
+    assert_eq!((status, body["error"]["code"].clone()), (413, json!("too_large")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("max_component_bytes"), "{body}");
+
+    let (status, body) = put(&herald, "not.a.name", "1.0.0", &echo, "").await;
+    assert_eq!(status, 400, "{body}");
+
+    let registry = registry(&herald).await;
+    assert_eq!(registry["plugins"], json!([]), "{registry}");
+    for name in ["junk", "future", "wf", "echo"] {
+        assert!(history(&herald, name).await.is_empty(), "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_deploy_shadow_promote_and_rollback_on_one_node_leave_an_audit_trail() {
+    let herald = Herald::with().set("PLUGIN_REGISTRY__POLL_MS", 200).start().await;
+    assert_eq!(push(&herald, "echo_v1", ECHO_V1)["stored"], true);
+    assert_eq!(push(&herald, "echo_v1", ECHO_V1)["stored"], false, "the same upload again changes nothing");
+    let deployed = cli(&herald, &["deploy", "echo", "1.0.0"]).expect("deploy 1.0.0");
+    assert_eq!(deployed["active"], "1.0.0", "{deployed}");
+    assert_eq!(serving(&herald, "echo").await.as_deref(), Some("1.0.0"));
+
+    // A version is written once: other bytes under 1.0.0 are refused.
+    let echo_v2 = std::fs::read(guest("echo_v2")).expect("echo-v2");
+    let (status, body) = put(&herald, "echo", "1.0.0", &echo_v2, ECHO_V1).await;
+    assert_eq!(status, 409, "{body}");
+
+    push(&herald, "echo_v2", ECHO_V2);
+    cli(&herald, &["deploy", "echo", "2.0.0", "--shadow"]).expect("deploy 2.0.0 as shadow");
+    let listing = herald.get("/admin/plugins", Some(DEV_KEY)).await.json();
+    let echo = listing["plugins"].as_array().and_then(|p| p.iter().find(|p| p["name"] == "echo").cloned());
+    assert_eq!(echo.as_ref().map(|e| e["shadow"]["version"].clone()), Some(json!("2.0.0")), "{listing}");
+
+    let promoted = herald.post("/admin/plugins/echo/promote", Some(DEV_KEY), &json!({})).await;
+    assert_eq!(promoted.status, 200, "{}", promoted.body);
+    assert_eq!(serving(&herald, "echo").await.as_deref(), Some("2.0.0"));
+    let rolled = herald.post("/admin/plugins/echo/rollback", Some(DEV_KEY), &json!({})).await;
+    assert_eq!(rolled.status, 200, "{}", rolled.body);
+    assert_eq!(serving(&herald, "echo").await.as_deref(), Some("1.0.0"));
+
+    let versions = registry(&herald).await["plugins"][0]["versions"].clone();
+    let node = herald.get("/admin/cluster", Some(DEV_KEY)).await.json()["this_node"].to_string();
+    assert_eq!(versions[0]["nodes"][&node], "active", "{versions}");
+    assert_eq!(versions[1]["nodes"][&node], "stored", "{versions}");
+    assert_eq!(history(&herald, "echo").await, ["upload", "deploy", "upload", "deploy-shadow", "promote", "rollback"]);
+}
+
+async fn a_deploy_switches_every_node_and_one_that_cannot_warm_aborts_it(backend: Backend) {
+    let fast = [("PLUGIN_REGISTRY__POLL_MS", "200")];
+    let mut nodes = Nodes::start_with(2, backend, &fast).await;
+    // Node 2 gives plugin `wf` a setting its code cannot read: its sample call traps there only.
+    let odd = nodes.options().set("PLUGIN_RUNTIME__PLUGINS__WF__CONFIG__BLOCKED_WORDS", "oops").start().await;
+    nodes.nodes.push(odd);
+    nodes.wait_for_members(3).await;
+
+    push(&nodes.nodes[0], "echo_v1", ECHO_V1);
+    cli(&nodes.nodes[0], &["deploy", "echo", "1.0.0"]).expect("deploy 1.0.0");
+    push(&nodes.nodes[1], "echo_v2", ECHO_V2);
+    cli(&nodes.nodes[0], &["deploy", "echo", "2.0.0"]).expect("deploy 2.0.0");
+    let everywhere = poll().within(Duration::from_secs(2)).every(Duration::from_millis(20));
+    everywhere
+        .until("every node to serve echo 2.0.0", async || {
+            for node in &nodes.nodes {
+                if serving(node, "echo").await.as_deref() != Some("2.0.0") {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+
+    // `wf` passes the upload's checks (default settings), but node 2 cannot warm it.
+    push(&nodes.nodes[0], "word_filter", WF);
+    let odd_id = nodes.node_id(2).await;
+    let refused = cli(&nodes.nodes[0], &["deploy", "wf", "1.0.0"]).expect_err("the deploy must abort");
+    assert!(refused.contains(&format!("node {odd_id}")) && refused.contains("sample"), "{refused}");
+    for node in &nodes.nodes {
+        assert_eq!(serving(node, "wf").await, None, "no node serves the aborted version");
+        assert_eq!(serving(node, "echo").await.as_deref(), Some("2.0.0"));
+    }
+    assert_eq!(history(&nodes.nodes[1], "wf").await, ["upload", "deploy-aborted"]);
+
+    // A node down during a deploy serves the new version from its first connection on.
+    nodes.terminate(1).await;
+    nodes.wait_until("node 0 to see two members", async || {
+        nodes.cluster_of(0).await["members"].as_array().map(Vec::len) == Some(2)
+    })
+    .await;
+    let rolled = nodes.nodes[0].post("/admin/plugins/echo/rollback", Some(DEV_KEY), &json!({})).await;
+    assert_eq!(rolled.status, 200, "{}", rolled.body);
+    nodes.restart(1).await;
+    assert_eq!(serving(&nodes.nodes[1], "echo").await.as_deref(), Some("1.0.0"), "{}", nodes.log_tails());
+    assert_eq!(history(&nodes.nodes[2], "echo").await, ["upload", "deploy", "upload", "deploy", "rollback"]);
+    nodes.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_switches_every_node_and_one_that_cannot_warm_aborts_it_on_postgres() {
+    a_deploy_switches_every_node_and_one_that_cannot_warm_aborts_it(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_switches_every_node_and_one_that_cannot_warm_aborts_it_on_mariadb() {
+    a_deploy_switches_every_node_and_one_that_cannot_warm_aborts_it(Backend::MySql).await;
+}
