@@ -159,7 +159,7 @@ impl Node {
     }
 
     /// Uploads and deploys through the plugin registry.
-    pub fn plugin_registry(&self) -> &crate::plugins::Deployer {
+    pub fn plugin_registry(&self) -> &Arc<crate::plugins::Deployer> {
         &self.plugins.deployer
     }
 

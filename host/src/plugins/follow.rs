@@ -119,8 +119,8 @@ impl Follower {
             deployments.iter().any(|d| {
                 d.name == *name
                     && (d.pending.as_ref().is_some_and(|p| p.version == *version)
-                        || (!*shadow && d.active.as_deref() == Some(version))
-                        || (*shadow && d.shadow.as_deref() == Some(version)))
+                        || (!*shadow && d.active.as_deref() == Some(version.as_str()))
+                        || (*shadow && d.shadow.as_deref() == Some(version.as_str())))
             })
         });
         self.write_reports(&mut memory, &deployments).await;
