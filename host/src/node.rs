@@ -165,7 +165,9 @@ impl Node {
                     let registry = cluster.plugin_registry(&config, registry_store);
                     Plugins::start_with(runtime, &dir, kv, limiter, registry).await
                 }
-                None => Plugins::start(runtime, &dir, RegistryWiring::embedded(&config, registry_store, this_node)).await,
+                None => {
+                    Plugins::start(runtime, &dir, RegistryWiring::embedded(&config, registry_store, this_node)).await
+                }
             }
         };
         // Any wait for the clock to pass this node id's newest committed id overlaps

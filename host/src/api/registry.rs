@@ -65,7 +65,9 @@ pub async fn upload(
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too_large",
-                format!("upload refused: the component is larger than plugin_registry.max_component_bytes ({max} bytes)"),
+                format!(
+                    "upload refused: the component is larger than plugin_registry.max_component_bytes ({max} bytes)"
+                ),
             )
         } else {
             ApiError::bad_request(rejection.body_text())
@@ -78,10 +80,18 @@ pub async fn upload(
             .ok()
             .and_then(|bytes| String::from_utf8(bytes).ok())
             .ok_or_else(|| {
-                ApiError::bad_request(format!("the {MANIFEST_HEADER} header must be the manifest's UTF-8 text in base64"))
+                ApiError::bad_request(format!(
+                    "the {MANIFEST_HEADER} header must be the manifest's UTF-8 text in base64"
+                ))
             })?,
     };
-    let upload = Upload { name: name.clone(), version: version.clone(), component: component.to_vec(), manifest, key_id: key_id(&headers) };
+    let upload = Upload {
+        name: name.clone(),
+        version: version.clone(),
+        component: component.to_vec(),
+        manifest,
+        key_id: key_id(&headers),
+    };
     let stored = node.plugin_registry().upload(upload).await?;
     let sha256 = crate::plugins::follow::hash(&component);
     let status = if stored { StatusCode::CREATED } else { StatusCode::OK };
@@ -114,7 +124,9 @@ pub async fn deploy(
     require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
     let request: DeployRequest = serde_json::from_slice(&body).map_err(|error| {
-        ApiError::bad_request(format!("the body must be {{\"version\": \"…\", \"as\": \"active\"|\"shadow\"}}: {error}"))
+        ApiError::bad_request(format!(
+            "the body must be {{\"version\": \"…\", \"as\": \"active\"|\"shadow\"}}: {error}"
+        ))
     })?;
     let answer = node.plugin_registry().deploy(&name, &request.version, request.role, &key_id(&headers)).await?;
     Ok(Json(answer))

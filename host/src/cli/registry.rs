@@ -32,10 +32,18 @@ fn split_url(url: &str) -> anyhow::Result<(String, String)> {
     Ok((authority, format!("/{base}").trim_end_matches('/').to_owned()))
 }
 
-async fn call(url: &str, method: &str, path: &str, key: &str, headers: &[(&str, String)], body: &[u8]) -> anyhow::Result<Answer> {
+async fn call(
+    url: &str,
+    method: &str,
+    path: &str,
+    key: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+) -> anyhow::Result<Answer> {
     let (authority, base) = split_url(url)?;
     let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(&authority).await.with_context(|| format!("connecting to {authority}"))?;
+        let mut stream =
+            tokio::net::TcpStream::connect(&authority).await.with_context(|| format!("connecting to {authority}"))?;
         let mut head = format!(
             "{method} {base}{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nAuthorization: Bearer {key}\r\nContent-Length: {}\r\n",
             body.len()

@@ -23,6 +23,7 @@ use crate::clock::{SystemClock, WallClock};
 use crate::cluster::client_urls::{check_client_url, client_address, client_url};
 use crate::cluster::membership::{MembershipSettings, RedisMembership};
 use crate::cluster::peer::{PeerBus, PeerHandler, PeerSecret, PeerServer, PeerTimeouts};
+use crate::cluster::plugin_notices::RedisNotices;
 use crate::cluster::{
     ClientUrls, KeyPrefix, MarkLifetimes, RedisConnection, RedisDedup, RedisLedgers, RedisPluginKv, RedisRateLimiter,
     RedisRoomDirectory, RedisRouteTable, RedisTimeouts, RouteLifetimes,
@@ -31,14 +32,13 @@ use crate::config::Config;
 use crate::delivery::sessions::Sessions;
 use crate::ids::SeqAllocator;
 use crate::model::{NodeId, UserId};
-use crate::cluster::plugin_notices::RedisNotices;
 use crate::plugins::{Hook, LiveNodes, PluginHost, PluginKv, RateLimiter, RegistryWiring};
-use crate::store::PluginRegistryStore;
 use crate::routing::cache::{CacheLifetimes, CachedRoutes};
 use crate::routing::rooms::{RoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::Topology;
 use crate::routing::{Route, RouteTable};
+use crate::store::PluginRegistryStore;
 use crate::tls::Tls;
 use herald_plugin_runtime::KvLimits;
 

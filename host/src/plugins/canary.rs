@@ -107,7 +107,8 @@ impl Deployer {
                 return;
             }
             if tokio::time::Instant::now() >= end {
-                let mut canary = deployment.canary.as_deref().and_then(|t| serde_json::from_str(t).ok()).unwrap_or(json!({}));
+                let mut canary =
+                    deployment.canary.as_deref().and_then(|t| serde_json::from_str(t).ok()).unwrap_or(json!({}));
                 canary["state"] = json!("passed");
                 if let Err(error) = self.store.set_canary(&name, generation, &canary.to_string()).await {
                     tracing::warn!(plugin = %name, %error, "cannot record that the canary passed");

@@ -33,7 +33,8 @@ fn sum_shadows<'a>(statuses: impl Iterator<Item = &'a Value>) -> Value {
     }
     let mut differences: Vec<(String, u64)> = kinds.into_iter().collect();
     differences.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let differences: Vec<Value> = differences.into_iter().map(|(kind, count)| json!({ "kind": kind, "count": count })).collect();
+    let differences: Vec<Value> =
+        differences.into_iter().map(|(kind, count)| json!({ "kind": kind, "count": count })).collect();
     json!({ "compared": compared, "agreed": agreed, "differed": differed, "differences": differences })
 }
 

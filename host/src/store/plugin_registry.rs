@@ -180,7 +180,7 @@ const QUESTION: Statements = Statements {
     component: "SELECT sha256, component, manifest FROM plugin_versions WHERE name = ? AND version = ?",
     versions: "SELECT name, version, sha256, size, contract, uploaded_ms, uploaded_by FROM plugin_versions ORDER BY name, uploaded_ms, version",
     versions_of: "SELECT name, version, sha256, size, contract, uploaded_ms, uploaded_by FROM plugin_versions WHERE name = ? ORDER BY uploaded_ms, version",
-    create_deployment: "INSERT INTO plugin_deployments (name, generation, updated_ms) VALUES (?, 0, ?)",
+    create_deployment: "INSERT INTO plugin_deployments (name, generation, updated_ms) VALUES (?, 0, ?) ON CONFLICT (name) DO NOTHING",
     begin: "UPDATE plugin_deployments SET pending_id = ?, pending_version = ?, pending_as = ?, pending_since_ms = ?, updated_ms = ? WHERE name = ? AND (pending_id IS NULL OR pending_since_ms < ?)",
     switch: "UPDATE plugin_deployments SET active_version = ?, shadow_version = ?, previous_version = ?, canary = ?, generation = generation + 1, pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, updated_ms = ? WHERE name = ? AND pending_id = ?",
     abort: "UPDATE plugin_deployments SET pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, updated_ms = ? WHERE name = ? AND pending_id = ?",
@@ -197,7 +197,7 @@ const DOLLAR: Statements = Statements {
     component: "SELECT sha256, component, manifest FROM plugin_versions WHERE name = $1 AND version = $2",
     versions: "SELECT name, version, sha256, size, contract, uploaded_ms, uploaded_by FROM plugin_versions ORDER BY name, uploaded_ms, version",
     versions_of: "SELECT name, version, sha256, size, contract, uploaded_ms, uploaded_by FROM plugin_versions WHERE name = $1 ORDER BY uploaded_ms, version",
-    create_deployment: "INSERT INTO plugin_deployments (name, generation, updated_ms) VALUES ($1, 0, $2)",
+    create_deployment: "INSERT INTO plugin_deployments (name, generation, updated_ms) VALUES ($1, 0, $2) ON CONFLICT (name) DO NOTHING",
     begin: "UPDATE plugin_deployments SET pending_id = $1, pending_version = $2, pending_as = $3, pending_since_ms = $4, updated_ms = $5 WHERE name = $6 AND (pending_id IS NULL OR pending_since_ms < $7)",
     switch: "UPDATE plugin_deployments SET active_version = $1, shadow_version = $2, previous_version = $3, canary = $4, generation = generation + 1, pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, updated_ms = $5 WHERE name = $6 AND pending_id = $7",
     abort: "UPDATE plugin_deployments SET pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, updated_ms = $1 WHERE name = $2 AND pending_id = $3",
@@ -208,6 +208,9 @@ const DOLLAR: Statements = Statements {
     insert_report: "INSERT INTO plugin_node_reports (node_id, name, report, updated_ms) VALUES ($1, $2, $3, $4)",
 };
 
+/// MySQL/MariaDB have no `ON CONFLICT`: the one statement of `QUESTION` they cannot share.
+const MYSQL_CREATE_DEPLOYMENT: &str = "INSERT INTO plugin_deployments (name, generation, updated_ms) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE name = name";
+
 /// The statements of `$pool`'s dialect.
 macro_rules! statements {
     ($pool:expr) => {
@@ -216,6 +219,16 @@ macro_rules! statements {
             _ => &QUESTION,
         }
     };
+}
+
+/// The statement that creates a plugin's deployment row unless it is there. It must not
+/// fail on a row already there: on PostgreSQL a failed statement aborts the transaction it
+/// is in, the upload's.
+fn create_deployment(pool: &super::Pool) -> &'static str {
+    match pool {
+        super::Pool::MySql(_) => MYSQL_CREATE_DEPLOYMENT,
+        _ => statements!(pool).create_deployment,
+    }
 }
 
 /// Whether `error` is a unique-key violation (the row is there already).
@@ -322,16 +335,11 @@ impl PluginRegistryStore for Database {
                 Ok(_) => {
                     // A deployment row from the first upload on, so a deploy can begin by
                     // updating it.
-                    match sqlx::query(sql.create_deployment)
+                    sqlx::query(create_deployment(&self.writer))
                         .bind(&v.name)
                         .bind(signed(v.uploaded_ms))
                         .execute(&mut *transaction)
-                        .await
-                    {
-                        Ok(_) => {}
-                        Err(error) if is_duplicate(&error) => {}
-                        Err(error) => return Err(error.into()),
-                    }
+                        .await?;
                     insert_audit!(sql, audit, &mut *transaction)?;
                     transaction.commit().await?;
                     Ok(Put::Stored)

@@ -11,8 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use herald_host::cluster::{RedisPluginKv, RedisRateLimiter, RedisTimeouts};
+use herald_host::config::{Config, StorageConfig};
+use herald_host::model::NodeId;
 use herald_host::plugins::types::{Acceptance, AnnounceDecision, Announcement, Message, MessageDecision};
-use herald_host::plugins::{PluginHostConfig, Plugins};
+use herald_host::plugins::{PluginHostConfig, Plugins, RegistryWiring};
+use herald_host::store::Database;
 use herald_plugin_runtime::{KvError, KvLimits, Limit, LimiterError, PluginKv, RateLimiter};
 use tokio::time::Instant;
 
@@ -413,15 +416,28 @@ fn announcement(room: &str, id: &str) -> Announcement {
     Announcement { room: room.into(), announcement_id: Some(id.into()), sender: None, content: "hello".into() }
 }
 
+/// A plugin registry of its own for a plugin host of these tests (they serve the folder's
+/// plugins only): an empty SQLite database in `dir`.
+async fn empty_registry(dir: &std::path::Path, node: u32) -> RegistryWiring {
+    let url = format!("sqlite://{}", dir.join(format!("registry-{node}.db")).display());
+    let database = Database::connect(&url, &StorageConfig::default()).await.expect("open the registry's SQLite file");
+    database.migrate().await.expect("migrate the registry");
+    let config = Config { data_dir: dir.to_path_buf(), ..Config::default() };
+    RegistryWiring::embedded(&config, Arc::new(database), NodeId(node))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_party_plugins_keep_their_limits_across_two_plugin_hosts() {
     let scratch = Scratch::new().await;
     let dir = first_party_plugins();
+    let registries = tempfile::tempdir().expect("temp dir");
     let mut hosts = Vec::new();
-    for _node in 0..2 {
+    for node in 0..2 {
         let kv: Arc<dyn PluginKv> = scratch.node_kv().await;
         let limiter: Arc<dyn RateLimiter> = scratch.node_limiter().await;
-        let plugins = Plugins::start_with(PluginHostConfig::default(), dir.path(), kv, limiter).await.expect("start");
+        let registry = empty_registry(registries.path(), node).await;
+        let plugins =
+            Plugins::start_with(PluginHostConfig::default(), dir.path(), kv, limiter, registry).await.expect("start");
         let status = plugins.host.status();
         assert!(status.iter().all(|s| s.last_load_error.is_none()) && status.len() == 2, "{status:?}");
         hosts.push(plugins);
@@ -461,7 +477,9 @@ async fn first_party_plugins_keep_their_limits_across_two_plugin_hosts() {
     let quick = RedisTimeouts { lookup: Duration::from_millis(50), write: Duration::from_millis(100) };
     let kv = Arc::new(RedisPluginKv::new(redis.clone(), scratch.keys.clone(), quick, KvLimits::default()));
     let limiter = Arc::new(RedisRateLimiter::new(redis, scratch.keys.clone(), quick));
-    let cut_off = Plugins::start_with(PluginHostConfig::default(), dir.path(), kv, limiter).await.expect("start");
+    let registry = empty_registry(registries.path(), 2).await;
+    let cut_off =
+        Plugins::start_with(PluginHostConfig::default(), dir.path(), kv, limiter, registry).await.expect("start");
     frozen.store(true, Ordering::SeqCst);
     let started = Instant::now();
     assert_eq!(cut_off.host.message_policy(&message("cy", "room:lobby")).await, MessageDecision::Allow);
