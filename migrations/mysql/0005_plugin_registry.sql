@@ -18,7 +18,9 @@ CREATE TABLE plugin_versions (
     PRIMARY KEY (name, version)
 ) ENGINE = InnoDB;
 
--- Per plugin: what runs; `generation` only grows; `pending_*` is a deploy under way.
+-- Per plugin: what runs; `generation` only grows; `pending_*` is a deploy under way,
+-- `pending_phase` NULL while the nodes prepare it and 'switching' once they are held
+-- for the switch.
 CREATE TABLE plugin_deployments (
     name             VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
     active_version   VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin,
@@ -30,6 +32,7 @@ CREATE TABLE plugin_deployments (
     pending_version  VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin,
     pending_as       VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin,
     pending_since_ms BIGINT,
+    pending_phase    VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin,
     updated_ms       BIGINT NOT NULL
 ) ENGINE = InnoDB;
 

@@ -17,7 +17,9 @@ CREATE TABLE plugin_versions (
     PRIMARY KEY (name, version)
 );
 
--- Per plugin: what runs; `generation` only grows; `pending_*` is a deploy under way.
+-- Per plugin: what runs; `generation` only grows; `pending_*` is a deploy under way,
+-- `pending_phase` NULL while the nodes prepare it and 'switching' once they are held
+-- for the switch.
 CREATE TABLE plugin_deployments (
     name             TEXT   NOT NULL PRIMARY KEY,
     active_version   TEXT,
@@ -29,6 +31,7 @@ CREATE TABLE plugin_deployments (
     pending_version  TEXT,
     pending_as       TEXT,
     pending_since_ms BIGINT,
+    pending_phase    TEXT,
     updated_ms       BIGINT NOT NULL
 );
 

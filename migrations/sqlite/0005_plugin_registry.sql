@@ -30,6 +30,7 @@ CREATE TABLE plugin_deployments (
     pending_version  TEXT,
     pending_as       TEXT,            -- `active` or `shadow`
     pending_since_ms BIGINT,
+    pending_phase    TEXT,
     updated_ms       BIGINT NOT NULL
 );
 

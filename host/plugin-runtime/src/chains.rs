@@ -37,8 +37,12 @@ fn severity(tier: Tier) -> u8 {
 
 impl PluginHost {
     /// A snapshot: calls finish on the plugins they started with, whatever reloads happen.
-    fn snapshot(&self) -> Arc<crate::host::Registry> {
-        self.inner.registry.load_full()
+    /// Taken once the host's gate lets calls in (`PluginHost::hold`): while a cluster
+    /// switches versions, no call starts, and the guard keeps a started call counted until
+    /// it is answered, so a hold waits for every call on the old versions to finish.
+    async fn snapshot(&self) -> (tokio::sync::RwLockReadGuard<'_, ()>, Arc<crate::host::Registry>) {
+        let entered = self.inner.gate.read().await;
+        (entered, self.inner.registry.load_full())
     }
 
     /// Calls `plugin`; on failure returns the policy to apply. Its shadow, if it has one,
@@ -62,7 +66,7 @@ impl PluginHost {
 
     /// Pipeline step 4: allow, reject or rewrite `message`.
     pub async fn message_policy(&self, message: &Message) -> MessageDecision {
-        let registry = self.snapshot();
+        let (_entered, registry) = self.snapshot().await;
         let chain = &registry.chains[Hook::MessagePolicy.index()];
         if chain.is_empty() {
             return self.inner.fallback.message_policy(message);
@@ -94,7 +98,7 @@ impl PluginHost {
 
     /// Accept (and archive or not), defer or flag as duplicate an announcement.
     pub async fn announce_policy(&self, announcement: &Announcement) -> AnnounceDecision {
-        let registry = self.snapshot();
+        let (_entered, registry) = self.snapshot().await;
         let chain = &registry.chains[Hook::AnnouncePolicy.index()];
         if chain.is_empty() {
             return self.inner.fallback.announce_policy(announcement);
@@ -118,7 +122,7 @@ impl PluginHost {
 
     /// The key the ring hashes for `request`.
     pub async fn route_key(&self, request: &RouteRequest) -> String {
-        let registry = self.snapshot();
+        let (_entered, registry) = self.snapshot().await;
         for plugin in &registry.chains[Hook::RouteKey.index()] {
             // `allow` and `deny` mean nothing for a key: a failure falls through to the
             // next plugin and, in the end, the built-in default.
@@ -133,7 +137,7 @@ impl PluginHost {
 
     /// The delivery tier for `health`.
     pub async fn degrade(&self, health: &Health) -> Tier {
-        let registry = self.snapshot();
+        let (_entered, registry) = self.snapshot().await;
         let chain = &registry.chains[Hook::Degrade.index()];
         if chain.is_empty() {
             return self.inner.fallback.degrade(health);
@@ -155,7 +159,7 @@ impl PluginHost {
 
     /// Authorize a connection whose token is valid.
     pub async fn connect(&self, request: &ConnectRequest) -> ConnectDecision {
-        let registry = self.snapshot();
+        let (_entered, registry) = self.snapshot().await;
         let chain = &registry.chains[Hook::Connect.index()];
         if chain.is_empty() {
             return self.inner.fallback.connect(request);
@@ -182,7 +186,7 @@ impl PluginHost {
     /// among `delivery.recipients` count). Without a plugin, none. A failing plugin drops
     /// none under `allow` or `default`, and all under `deny`.
     pub async fn deliver_filter(&self, delivery: &Delivery) -> HashSet<String> {
-        let registry = self.snapshot();
+        let (_entered, registry) = self.snapshot().await;
         let mut dropped = HashSet::new();
         for plugin in &registry.chains[Hook::DeliverFilter.index()] {
             match Self::call(&registry, plugin, Hook::DeliverFilter, Input::Delivery(delivery)).await {

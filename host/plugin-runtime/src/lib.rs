@@ -55,7 +55,7 @@ pub use config::{
 };
 pub use error::PluginError;
 pub use fallback::{BuiltinDefaults, Fallback};
-pub use host::{PluginHost, Prepared};
+pub use host::{Hold, PluginHost, Prepared};
 pub use kv::{KvError, KvLimits, MemoryKv, PluginKv};
 pub use limiter::{Limit, LimiterError, MemoryLimiter, RateLimiter};
 pub use manifest::{LimitsPatch, Manifest};

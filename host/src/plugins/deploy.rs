@@ -81,7 +81,8 @@ pub struct Upload {
 /// Plugin names: what the folder allows as a file stem, without dots (a dot would read as
 /// a shadow's or a kept version's suffix).
 pub fn check_name(name: &str) -> Result<(), RegistryError> {
-    let fine = (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    let fine =
+        (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     fine.then_some(()).ok_or_else(|| {
         RegistryError::Invalid(format!("plugin name {name:?} must be 1 to 64 characters of A-Z, a-z, 0-9, - and _"))
     })
@@ -217,7 +218,11 @@ impl Deployer {
                 Switch {
                     active: Some(version.to_owned()),
                     shadow: deployment.shadow.clone().filter(|shadow| shadow != version),
-                    previous: deployment.active.clone().filter(|active| active != version).or(deployment.previous.clone()),
+                    previous: deployment
+                        .active
+                        .clone()
+                        .filter(|active| active != version)
+                        .or(deployment.previous.clone()),
                     canary: None,
                 },
                 "deploy",
@@ -298,7 +303,13 @@ impl Deployer {
         let now = self.clock.now_ms();
         let timeout = Duration::from_millis(self.settings.deploy_timeout_ms);
         let id = format!("{now:x}-{:016x}", rand::random::<u64>());
-        let pending = Pending { id: id.clone(), version: step.version.to_owned(), role: step.role.to_owned(), since_ms: now };
+        let pending = Pending {
+            id: id.clone(),
+            version: step.version.to_owned(),
+            role: step.role.to_owned(),
+            since_ms: now,
+            switching: false,
+        };
         // A pending deploy twice the timeout old belongs to a node that died deploying.
         let stale_before = now.saturating_sub(2 * self.settings.deploy_timeout_ms);
         if !self.store.begin_deploy(step.name, &pending, stale_before).await? {
@@ -318,7 +329,11 @@ impl Deployer {
                 _ => Err(answer["error"].as_str().unwrap_or("not ready").to_owned()),
             })
         });
-        let verdict = verdict.await;
+        let verdict = match verdict.await {
+            // A new active version: every node holds its calls before any serves it.
+            Ok(()) if step.role == "active" => self.hold_everywhere(step.name, &id, timeout).await?,
+            other => other,
+        };
         let Step { name, switch, mut audit, .. } = step;
         if let Err(why) = verdict {
             audit.action = format!("{}-aborted", audit.action);
@@ -329,8 +344,10 @@ impl Deployer {
             return Err(RegistryError::Aborted(why));
         }
         if !self.store.finish_deploy(name, &id, Some(&switch), &audit).await? {
-            return Err(RegistryError::Conflict(format!(
-                "the deploy of plugin {name} was finished by another node meanwhile (it found it stale); see its history"
+            return Err(RegistryError::Aborted(format!(
+                "the deploy of plugin {name} was ended by another node meanwhile (one that held its calls past \
+                 plugin_registry.deploy_timeout_ms, or found the deploy stale); GET /admin/plugins/{name}/history says \
+                 which"
             )));
         }
         self.notices.announce().await;
@@ -353,6 +370,29 @@ impl Deployer {
             "previous": deployment.previous,
             "applied_everywhere": applied.is_ok(),
         }))
+    }
+
+    /// The switch's barrier: asks every node to hold its hook calls (`follow.rs`) and waits
+    /// until every live node says it holds them — no call under way, none starting — so
+    /// that once the deployment switches, no node answers a call with the old version
+    /// after any node answered one with the new. `Err` names a node that did not hold in
+    /// time; the deploy is then aborted and the nodes let their calls go on the old
+    /// version.
+    async fn hold_everywhere(
+        &self,
+        name: &str,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Result<(), String>, RegistryError> {
+        if !self.store.switching(name, id).await? {
+            return Ok(Err("the deploy was ended by another node meanwhile".to_owned()));
+        }
+        self.notices.announce().await;
+        let held = self.wait_for(name, timeout, |report| {
+            let answer = &report["pending"];
+            (answer["id"] == json!(id) && answer["holding"] == json!(true)).then_some(Ok(()))
+        });
+        Ok(held.await.map_err(|why| format!("while holding the nodes' calls for the switch: {why}")))
     }
 
     /// Waits until `answer` gives a verdict for every live node's report of `name`:

@@ -8,6 +8,16 @@
 //! * for a plugin whose generation moved past the one it applied, installs the versions
 //!   the registry names (the prepared ones when it has them) in one swap.
 //!
+//! * for a pending deploy of a new active version in its switching phase, holds this
+//!   node's hook calls (`PluginHost::hold`: calls under way finish, none starts) and says
+//!   so; once the deployment switched (or the deploy was aborted) it installs what the
+//!   registry names and lets the calls go. Every node holding before any serves the new
+//!   version is what makes the switch one moment for the cluster. A node holding longer
+//!   than `plugin_registry.deploy_timeout_ms` (the deploying node went quiet) aborts the
+//!   deploy itself, by the same compare-and-set that switches it, so either every node
+//!   switches or none does; if the database cannot be reached to do so, it lets its calls
+//!   go on the old version rather than hold them for ever.
+//!
 //! It also writes, for each plugin it serves (from the registry or the folder), what it
 //! serves and its call counts, shadow comparisons and p99, which `/admin/plugins` sums over
 //! the nodes and a cluster canary judges. A node starting runs one pass before it accepts
@@ -23,14 +33,18 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::notices::DeployNotices;
-use super::{PluginHost, Prepared};
+use super::{Hold, PluginHost, Prepared};
 use crate::clock::WallClock;
 use crate::model::NodeId;
-use crate::store::plugin_registry::{Deployment, NodeReport, PluginRegistryStore};
+use crate::store::plugin_registry::{Audit, Deployment, NodeReport, PluginRegistryStore};
 
 /// Reports are rewritten at least this often even when nothing changed, so a reader can
 /// tell a live node's report from a stale one.
 const REPORT_REFRESH_MS: u64 = 10_000;
+
+/// How often a node holding its calls for a switch reads the registry, besides notices:
+/// its calls wait meanwhile.
+const HOLD_POLL: Duration = Duration::from_millis(20);
 
 /// A version of a plugin: (name, registry version, as shadow).
 type Key = (String, String, bool);
@@ -50,6 +64,10 @@ struct Memory {
     errors: HashMap<String, String>,
     /// Per plugin, the last report written and when.
     written: HashMap<String, (String, u64)>,
+    /// Per plugin, the switching deploy this node holds its calls for, and since when.
+    holding: HashMap<String, (String, u64)>,
+    /// This node's hook calls, held while `holding` is not empty.
+    hold: Option<Hold>,
 }
 
 /// Follows the registry for one node.
@@ -59,6 +77,8 @@ pub struct Follower {
     node: NodeId,
     cache_dir: PathBuf,
     clock: Arc<dyn WallClock>,
+    /// The longest this node holds its calls for a switch, ms.
+    hold_limit_ms: u64,
     /// One pass at a time.
     memory: tokio::sync::Mutex<Memory>,
 }
@@ -75,37 +95,50 @@ impl Follower {
         node: NodeId,
         cache_dir: PathBuf,
         clock: Arc<dyn WallClock>,
+        hold_limit_ms: u64,
     ) -> Self {
-        Self { host, store, node, cache_dir, clock, memory: tokio::sync::Mutex::new(Memory::default()) }
+        let memory = tokio::sync::Mutex::new(Memory::default());
+        Self { host, store, node, cache_dir, clock, hold_limit_ms, memory }
     }
 
-    /// Runs passes until the task is dropped: at each notice, and every `poll`.
-    pub async fn run(self: Arc<Self>, notices: Arc<dyn DeployNotices>, poll: Duration) {
+    /// Runs passes until the task is dropped: at each notice, and every `poll` (more often
+    /// while this node holds its calls for a switch). `holding`: whether the last pass
+    /// left them held.
+    pub async fn run(self: Arc<Self>, notices: Arc<dyn DeployNotices>, poll: Duration, mut holding: bool) {
         let mut heard = notices.subscribe();
-        let mut ticks = tokio::time::interval(poll);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let wait = if holding { HOLD_POLL.min(poll) } else { poll };
             tokio::select! {
                 changed = heard.changed() => {
                     if changed.is_err() {
                         // The sender is gone: only the poll is left.
-                        ticks.tick().await;
+                        tokio::time::sleep(wait).await;
                     }
                 }
-                _ = ticks.tick() => {}
+                () = tokio::time::sleep(wait) => {}
             }
-            self.pass(&*notices).await;
+            holding = self.pass(&*notices).await;
         }
     }
 
-    /// One pass: answers pending deploys, installs new generations, writes reports. A
-    /// registry that cannot be read is logged and tried again at the next pass.
-    pub async fn pass(&self, notices: &dyn DeployNotices) {
+    /// One pass: answers pending deploys, holds or lets go the calls for a switch, installs
+    /// new generations, writes reports. A registry that cannot be read is logged and tried
+    /// again at the next pass. Returns whether this node holds its calls.
+    pub async fn pass(&self, notices: &dyn DeployNotices) -> bool {
         let deployments = match self.store.deployments().await {
             Ok(deployments) => deployments,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the plugin registry; trying again at the next poll");
-                return;
+                let mut memory = self.memory.lock().await;
+                let now = self.clock.now_ms();
+                if memory.holding.values().any(|(_, since)| now.saturating_sub(*since) >= self.hold_limit_ms) {
+                    tracing::error!(
+                        "the plugin registry cannot be read to end a switch; letting the calls go on the versions serving"
+                    );
+                    memory.holding.clear();
+                    memory.hold = None;
+                }
+                return memory.hold.is_some();
             }
         };
         let mut memory = self.memory.lock().await;
@@ -123,17 +156,92 @@ impl Follower {
                         || (*shadow && d.shadow.as_deref() == Some(version.as_str())))
             })
         });
+        answered_any |= self.let_go(&mut memory, &deployments).await;
         self.write_reports(&mut memory, &deployments).await;
+        let holding = memory.hold.is_some();
         drop(memory);
         if answered_any {
             // The deploying node waits on the reports: wake it (and every other) now.
             notices.announce().await;
         }
+        holding
     }
 
-    /// Prepares the version of a pending deploy not answered yet; whether it answered one.
+    /// Holds this node's calls for the switching deploy `pending_id` of `name`.
+    async fn hold_for(&self, memory: &mut Memory, name: &str, pending_id: &str) {
+        if memory.hold.is_none() {
+            // Waits for the calls under way, each bounded by its plugin's deadline.
+            memory.hold = Some(self.host.hold().await);
+        }
+        memory.holding.insert(name.to_owned(), (pending_id.to_owned(), self.clock.now_ms()));
+        tracing::info!(plugin = %name, "hook calls held for a cluster-wide switch of plugin versions");
+    }
+
+    /// Stops holding for the deploys that switched (installed above) or were aborted, and
+    /// aborts those held past the limit; lets the calls go when none is left. Whether it
+    /// aborted one.
+    async fn let_go(&self, memory: &mut Memory, deployments: &[Deployment]) -> bool {
+        let now = self.clock.now_ms();
+        let mut aborted = false;
+        let mut over = Vec::new();
+        for (name, (id, since)) in &memory.holding {
+            let pending = deployments.iter().find(|d| d.name == *name).and_then(|d| d.pending.as_ref());
+            let Some(pending) = pending.filter(|pending| pending.id == *id) else {
+                over.push(name.clone());
+                continue;
+            };
+            if now.saturating_sub(*since) < self.hold_limit_ms {
+                continue;
+            }
+            let why = format!(
+                "node {} held its calls {} ms (plugin_registry.deploy_timeout_ms) without the switch",
+                self.node, self.hold_limit_ms
+            );
+            let audit = Audit {
+                name: name.clone(),
+                action: "switch-aborted".into(),
+                from_version: None,
+                to_version: Some(pending.version.clone()),
+                key_id: format!("node:{}", self.node),
+                at_ms: now,
+                detail: Some(why.clone()),
+            };
+            match self.store.finish_deploy(name, id, None, &audit).await {
+                Ok(true) => {
+                    tracing::warn!(plugin = %name, %why, "plugin deploy aborted by this node");
+                    aborted = true;
+                    over.push(name.clone());
+                }
+                // Switched or aborted by another meanwhile: the next pass sees which.
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::error!(plugin = %name, %error, "cannot abort a switch held too long; letting the calls go");
+                    over.push(name.clone());
+                }
+            }
+        }
+        for name in over {
+            memory.holding.remove(&name);
+            if memory.errors.contains_key(&name) {
+                tracing::error!(plugin = %name, "calls let go without the switched version installed; see its error");
+            }
+        }
+        if memory.holding.is_empty() && memory.hold.take().is_some() {
+            tracing::info!("hook calls let go after a cluster-wide switch");
+        }
+        aborted
+    }
+
+    /// Prepares the version of a pending deploy not answered yet, and holds the calls for
+    /// one switching; whether it answered anything.
     async fn answer_pending(&self, memory: &mut Memory, deployment: &Deployment) -> bool {
         let Some(pending) = &deployment.pending else { return false };
+        let held = memory.holding.get(&deployment.name).is_some_and(|(id, _)| *id == pending.id);
+        if pending.switching && pending.role == "active" && !held {
+            self.hold_for(memory, &deployment.name, &pending.id).await;
+            self.write_report(memory, &deployment.name, deployment, true).await;
+            return true;
+        }
         if memory.answered.get(&deployment.name).is_some_and(|(id, _)| *id == pending.id) {
             return false;
         }
@@ -219,7 +327,8 @@ impl Follower {
         if let Some(bytes) = cached.filter(|bytes| hash(bytes) == sha256) {
             return Ok((bytes, manifest));
         }
-        let (sha256, bytes, manifest) = self.store.component(name, version).await.map_err(failed)?.ok_or_else(missing)?;
+        let (sha256, bytes, manifest) =
+            self.store.component(name, version).await.map_err(failed)?.ok_or_else(missing)?;
         if hash(&bytes) != sha256 {
             return Err(format!("the registry's bytes of {name} {version} do not match their SHA-256 {sha256}"));
         }
@@ -290,14 +399,20 @@ impl Follower {
         let registry = self.host.managed().iter().any(|managed| managed == name);
         let (active, shadow) = memory.serving.get(name).cloned().unwrap_or_default();
         let pending = deployment.pending.as_ref().and_then(|pending| {
-            let (id, outcome) = memory.answered.get(name).filter(|(id, _)| *id == pending.id)?;
-            Some(json!({
-                "id": id,
-                "version": pending.version,
-                "as": pending.role,
-                "ready": outcome.is_ok(),
-                "error": outcome.as_ref().err(),
-            }))
+            let outcome = memory.answered.get(name).filter(|(id, _)| *id == pending.id).map(|(_, outcome)| outcome);
+            // A node that started while the deploy was switching holds without having
+            // prepared it (it prepares at the switch).
+            let holding = memory.holding.get(name).is_some_and(|(held, _)| *held == pending.id);
+            (outcome.is_some() || holding).then(|| {
+                json!({
+                    "id": pending.id,
+                    "version": pending.version,
+                    "as": pending.role,
+                    "ready": outcome.is_some_and(Result::is_ok),
+                    "error": outcome.and_then(|outcome| outcome.as_ref().err()),
+                    "holding": holding,
+                })
+            })
         });
         let source = match (&status, registry) {
             (_, true) => "registry",

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 pub use herald_plugin_runtime::types;
 pub use herald_plugin_runtime::{
-    Hook, PluginError, PluginHost, PluginHostConfig, PluginKv, PluginStatus, PluginWatcher, Prepared, PromoteError,
-    RateLimiter, RecordingError, RecordingOptions,
+    Hold, Hook, PluginError, PluginHost, PluginHostConfig, PluginKv, PluginStatus, PluginWatcher, Prepared,
+    PromoteError, RateLimiter, RecordingError, RecordingOptions,
 };
 
 use crate::clock::WallClock;
@@ -156,13 +156,15 @@ impl Plugins {
             }
         };
         let RegistryWiring { store, notices, live, node, settings, cache_dir, clock } = registry;
+        let hold_limit_ms = settings.deploy_timeout_ms;
         let follower =
-            Arc::new(Follower::new(Arc::clone(&host), Arc::clone(&store), node, cache_dir, Arc::clone(&clock)));
+            Follower::new(Arc::clone(&host), Arc::clone(&store), node, cache_dir, Arc::clone(&clock), hold_limit_ms);
+        let follower = Arc::new(follower);
         // Before the node accepts connections: it serves the registry's versions from its
         // first connection on.
-        follower.pass(&*notices).await;
+        let holding = follower.pass(&*notices).await;
         let poll = Duration::from_millis(settings.poll_ms);
-        let following = tokio::spawn(Arc::clone(&follower).run(Arc::clone(&notices), poll));
+        let following = tokio::spawn(Arc::clone(&follower).run(Arc::clone(&notices), poll, holding));
         let canary = host.config().canary;
         let deployer = Arc::new(Deployer { store, notices, live, clock, settings, canary });
         Ok(Self { host, deployer, _watcher: Mutex::new(watcher), following })

@@ -64,6 +64,8 @@ pub struct Pending {
     /// `active` or `shadow`; empty for a switch that only removes the shadow.
     pub role: String,
     pub since_ms: u64,
+    /// Every node prepared it and is asked to hold its hook calls for the switch.
+    pub switching: bool,
 }
 
 /// What a plugin runs.
@@ -131,6 +133,9 @@ pub trait PluginRegistryStore: Send + Sync + 'static {
     /// Begins a deploy: false when another one is pending and began at or after
     /// `stale_before_ms`.
     async fn begin_deploy(&self, name: &str, pending: &Pending, stale_before_ms: u64) -> Result<bool, StoreError>;
+    /// Moves the deploy `pending_id` to its switching phase; false when it is no longer
+    /// pending.
+    async fn switching(&self, name: &str, pending_id: &str) -> Result<bool, StoreError>;
     /// Finishes the deploy `pending_id`: switches to `switch` (incrementing the generation)
     /// or, with `None`, aborts it; writes `audit` with it. False when that deploy is no
     /// longer pending (finished by someone else).
@@ -164,6 +169,7 @@ struct Statements {
     begin: &'static str,
     switch: &'static str,
     abort: &'static str,
+    switching: &'static str,
     set_canary: &'static str,
     insert_audit: &'static str,
     history: &'static str,
@@ -171,7 +177,7 @@ struct Statements {
     insert_report: &'static str,
 }
 
-const DEPLOYMENTS: &str = "SELECT name, active_version, shadow_version, previous_version, canary, generation, pending_id, pending_version, pending_as, pending_since_ms FROM plugin_deployments ORDER BY name";
+const DEPLOYMENTS: &str = "SELECT name, active_version, shadow_version, previous_version, canary, generation, pending_id, pending_version, pending_as, pending_since_ms, pending_phase FROM plugin_deployments ORDER BY name";
 const REPORTS: &str = "SELECT node_id, name, report, updated_ms FROM plugin_node_reports ORDER BY node_id, name";
 
 const QUESTION: Statements = Statements {
@@ -181,9 +187,10 @@ const QUESTION: Statements = Statements {
     versions: "SELECT name, version, sha256, size, contract, uploaded_ms, uploaded_by FROM plugin_versions ORDER BY name, uploaded_ms, version",
     versions_of: "SELECT name, version, sha256, size, contract, uploaded_ms, uploaded_by FROM plugin_versions WHERE name = ? ORDER BY uploaded_ms, version",
     create_deployment: "INSERT INTO plugin_deployments (name, generation, updated_ms) VALUES (?, 0, ?) ON CONFLICT (name) DO NOTHING",
-    begin: "UPDATE plugin_deployments SET pending_id = ?, pending_version = ?, pending_as = ?, pending_since_ms = ?, updated_ms = ? WHERE name = ? AND (pending_id IS NULL OR pending_since_ms < ?)",
-    switch: "UPDATE plugin_deployments SET active_version = ?, shadow_version = ?, previous_version = ?, canary = ?, generation = generation + 1, pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, updated_ms = ? WHERE name = ? AND pending_id = ?",
-    abort: "UPDATE plugin_deployments SET pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, updated_ms = ? WHERE name = ? AND pending_id = ?",
+    begin: "UPDATE plugin_deployments SET pending_id = ?, pending_version = ?, pending_as = ?, pending_since_ms = ?, pending_phase = NULL, updated_ms = ? WHERE name = ? AND (pending_id IS NULL OR pending_since_ms < ?)",
+    switch: "UPDATE plugin_deployments SET active_version = ?, shadow_version = ?, previous_version = ?, canary = ?, generation = generation + 1, pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, pending_phase = NULL, updated_ms = ? WHERE name = ? AND pending_id = ?",
+    abort: "UPDATE plugin_deployments SET pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, pending_phase = NULL, updated_ms = ? WHERE name = ? AND pending_id = ?",
+    switching: "UPDATE plugin_deployments SET pending_phase = 'switching', updated_ms = ? WHERE name = ? AND pending_id = ?",
     set_canary: "UPDATE plugin_deployments SET canary = ? WHERE name = ? AND generation = ?",
     insert_audit: "INSERT INTO plugin_audit (name, action, from_version, to_version, key_id, at_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
     history: "SELECT name, action, from_version, to_version, key_id, at_ms, detail FROM (SELECT * FROM plugin_audit WHERE name = ? ORDER BY id DESC LIMIT ?) AS newest ORDER BY id",
@@ -198,9 +205,10 @@ const DOLLAR: Statements = Statements {
     versions: "SELECT name, version, sha256, size, contract, uploaded_ms, uploaded_by FROM plugin_versions ORDER BY name, uploaded_ms, version",
     versions_of: "SELECT name, version, sha256, size, contract, uploaded_ms, uploaded_by FROM plugin_versions WHERE name = $1 ORDER BY uploaded_ms, version",
     create_deployment: "INSERT INTO plugin_deployments (name, generation, updated_ms) VALUES ($1, 0, $2) ON CONFLICT (name) DO NOTHING",
-    begin: "UPDATE plugin_deployments SET pending_id = $1, pending_version = $2, pending_as = $3, pending_since_ms = $4, updated_ms = $5 WHERE name = $6 AND (pending_id IS NULL OR pending_since_ms < $7)",
-    switch: "UPDATE plugin_deployments SET active_version = $1, shadow_version = $2, previous_version = $3, canary = $4, generation = generation + 1, pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, updated_ms = $5 WHERE name = $6 AND pending_id = $7",
-    abort: "UPDATE plugin_deployments SET pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, updated_ms = $1 WHERE name = $2 AND pending_id = $3",
+    begin: "UPDATE plugin_deployments SET pending_id = $1, pending_version = $2, pending_as = $3, pending_since_ms = $4, pending_phase = NULL, updated_ms = $5 WHERE name = $6 AND (pending_id IS NULL OR pending_since_ms < $7)",
+    switch: "UPDATE plugin_deployments SET active_version = $1, shadow_version = $2, previous_version = $3, canary = $4, generation = generation + 1, pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, pending_phase = NULL, updated_ms = $5 WHERE name = $6 AND pending_id = $7",
+    abort: "UPDATE plugin_deployments SET pending_id = NULL, pending_version = NULL, pending_as = NULL, pending_since_ms = NULL, pending_phase = NULL, updated_ms = $1 WHERE name = $2 AND pending_id = $3",
+    switching: "UPDATE plugin_deployments SET pending_phase = 'switching', updated_ms = $1 WHERE name = $2 AND pending_id = $3",
     set_canary: "UPDATE plugin_deployments SET canary = $1 WHERE name = $2 AND generation = $3",
     insert_audit: "INSERT INTO plugin_audit (name, action, from_version, to_version, key_id, at_ms, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)",
     history: "SELECT name, action, from_version, to_version, key_id, at_ms, detail FROM (SELECT * FROM plugin_audit WHERE name = $1 ORDER BY id DESC LIMIT $2) AS newest ORDER BY id",
@@ -266,6 +274,7 @@ where
             version: row.try_get::<Option<String>, _>("pending_version")?.unwrap_or_default(),
             role: row.try_get::<Option<String>, _>("pending_as")?.unwrap_or_default(),
             since_ms: unsigned(row.try_get::<Option<i64>, _>("pending_since_ms")?.unwrap_or(0), "pending_since_ms")?,
+            switching: row.try_get::<Option<String>, _>("pending_phase")?.as_deref() == Some("switching"),
         }),
         None => None,
     };
@@ -408,6 +417,15 @@ impl PluginRegistryStore for Database {
                 .bind(signed(stale_before_ms))
                 .execute(pool)
                 .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    async fn switching(&self, name: &str, pending_id: &str) -> Result<bool, StoreError> {
+        let sql = statements!(self.writer);
+        let now = signed(crate::clock::WallClock::now_ms(&crate::clock::SystemClock));
+        on_backend!(self.writer, |pool, _dialect| {
+            let done = sqlx::query(sql.switching).bind(now).bind(name).bind(pending_id).execute(pool).await?;
             Ok(done.rows_affected() == 1)
         })
     }

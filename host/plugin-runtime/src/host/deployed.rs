@@ -19,6 +19,17 @@ use crate::{
 };
 use std::sync::Arc;
 
+/// Hook calls held on this node while it lives ([`PluginHost::hold`]).
+pub struct Hold {
+    _gate: tokio::sync::OwnedRwLockWriteGuard<()>,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hold")
+    }
+}
+
 /// A version compiled and warmed on this node, not serving yet.
 #[derive(Clone)]
 pub struct Prepared {
@@ -57,7 +68,13 @@ impl PluginHost {
     /// The load error (not a component, a contract this host does not serve, a manifest
     /// that does not fit, a trap while instantiating), or [`PluginError::Warm`] when a
     /// sample call failed.
-    pub async fn prepare(&self, name: &str, shadow: bool, wasm: Vec<u8>, manifest: &str) -> Result<Prepared, PluginError> {
+    pub async fn prepare(
+        &self,
+        name: &str,
+        shadow: bool,
+        wasm: Vec<u8>,
+        manifest: &str,
+    ) -> Result<Prepared, PluginError> {
         let stem = if shadow { format!("{name}{SHADOW}") } else { name.to_owned() };
         let current = self.inner.registry.load_full();
         let loaded: Vec<Arc<Plugin>> = current
@@ -75,7 +92,8 @@ impl PluginHost {
         drop(current);
         let compiled: Vec<&Plugin> = loaded.iter().map(AsRef::as_ref).collect();
         let source = Source::from_bytes(&stem, wasm.clone(), manifest);
-        let plugin = Plugin::load(&self.inner.runtime, source, &self.inner.deps, previous.as_deref(), &compiled).await?;
+        let plugin =
+            Plugin::load(&self.inner.runtime, source, &self.inner.deps, previous.as_deref(), &compiled).await?;
         let deps = &self.inner.deps;
         let probe_deps = Deps {
             config: deps.config.clone(),
@@ -118,6 +136,14 @@ impl PluginHost {
         };
         drop(current);
         self.swap(slots);
+    }
+
+    /// Holds this node's hook calls: waits until every call under way is answered, then no
+    /// call starts until the [`Hold`] is dropped (they wait, they do not fail). A cluster
+    /// switching versions holds every node before any node serves the new version, so no
+    /// call is answered by the old version after one was answered by the new, on any node.
+    pub async fn hold(&self) -> Hold {
+        Hold { _gate: Arc::clone(&self.inner.gate).write_owned().await }
     }
 
     /// Marks `names` as managed by the registry before anything of theirs is installed, so

@@ -33,7 +33,7 @@ use std::{
     sync::{Arc, atomic::Ordering::Relaxed},
 };
 
-pub use deployed::Prepared;
+pub use deployed::{Hold, Prepared};
 pub(crate) use registry::{Registry, Slot};
 
 pub(crate) struct Inner {
@@ -48,6 +48,9 @@ pub(crate) struct Inner {
     managed: parking_lot::Mutex<std::collections::BTreeSet<String>>,
     /// Folder files passed over because the registry deploys their plugin, by file stem.
     overridden: parking_lot::Mutex<Vec<String>>,
+    /// Every hook call holds it shared for its whole length; a cluster's switch of versions
+    /// holds it exclusively (`deployed.rs`, [`PluginHost::hold`]).
+    pub gate: Arc<tokio::sync::RwLock<()>>,
 }
 
 /// Herald's plugin runtime: loads plugin components, calls their hooks under the sandbox's
@@ -105,6 +108,7 @@ impl PluginHost {
                 dir: parking_lot::Mutex::new(None),
                 managed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
                 overridden: parking_lot::Mutex::new(Vec::new()),
+                gate: Arc::new(tokio::sync::RwLock::new(())),
             }),
         })
     }

@@ -5,14 +5,21 @@
 //! cannot warm a version aborts the deploy everywhere, and a node that was down serves the
 //! registry's version from its first connection.
 
+use std::collections::HashMap;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
 use herald_host::store::Backend;
+use herald_proto::v1::send_ack::Status;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::time::Instant;
 
+use super::client::Client;
+use super::dm;
 use super::hostile::guest;
 use super::nodes::Nodes;
 use super::server::{DEV_KEY, Herald};
@@ -48,10 +55,15 @@ async fn put(herald: &Herald, name: &str, version: &str, component: &[u8], manif
 
 /// Runs `herald plugin ARGS… --url URL --key dev-key`; its stdout, or its stderr as the error.
 fn cli(herald: &Herald, args: &[&str]) -> Result<Value, String> {
+    cli_on(herald.port, args)
+}
+
+/// [`cli`] on the node listening on `port`.
+fn cli_on(port: u16, args: &[&str]) -> Result<Value, String> {
     let output = Command::new(env!("CARGO_BIN_EXE_herald"))
         .arg("plugin")
         .args(args)
-        .args(["--url", &format!("http://127.0.0.1:{}", herald.port), "--key", DEV_KEY])
+        .args(["--url", &format!("http://127.0.0.1:{port}"), "--key", DEV_KEY])
         .output()
         .expect("run herald plugin");
     if output.status.success() {
@@ -200,10 +212,11 @@ async fn a_deploy_switches_every_node_and_one_that_cannot_warm_aborts_it(backend
 
     // A node down during a deploy serves the new version from its first connection on.
     nodes.terminate(1).await;
-    nodes.wait_until("node 0 to see two members", async || {
-        nodes.cluster_of(0).await["members"].as_array().map(Vec::len) == Some(2)
-    })
-    .await;
+    nodes
+        .wait_until("node 0 to see two members", async || {
+            nodes.cluster_of(0).await["members"].as_array().map(Vec::len) == Some(2)
+        })
+        .await;
     let rolled = nodes.nodes[0].post("/admin/plugins/echo/rollback", Some(DEV_KEY), &json!({})).await;
     assert_eq!(rolled.status, 200, "{}", rolled.body);
     nodes.restart(1).await;
@@ -220,4 +233,101 @@ async fn a_deploy_switches_every_node_and_one_that_cannot_warm_aborts_it_on_post
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deploy_switches_every_node_and_one_that_cannot_warm_aborts_it_on_mariadb() {
     a_deploy_switches_every_node_and_one_that_cannot_warm_aborts_it(Backend::MySql).await;
+}
+
+/// One message of the switch test: when it was sent and acknowledged, as the test saw it.
+struct Sent {
+    sent: Instant,
+    acked: Instant,
+    id: u64,
+    ok: bool,
+}
+
+/// Sends `version?` on `conversation` until `stop`, one at a time, counting acks in `acked`.
+async fn keep_sending(
+    mut client: Client,
+    conversation: String,
+    stop: Arc<AtomicBool>,
+    acked: Arc<AtomicUsize>,
+) -> (Client, String, Vec<Sent>) {
+    let mut log = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let sent = Instant::now();
+        let ack = client.send(&conversation, "version?").await;
+        let ok = ack.status() == Status::Ok;
+        log.push(Sent { sent, acked: Instant::now(), id: ack.message_id, ok });
+        acked.fetch_add(1, Ordering::Relaxed);
+    }
+    (client, conversation, log)
+}
+
+/// The switch is one moment for the cluster: while senders on every node keep sending,
+/// no message is decided by the old version once any node decided one by the new. Each
+/// decision names its version (`echo` rewrites `version?` to `echo-v1` / `echo-v2`), read
+/// back from the stored messages; "once" is what the test itself saw: a message sent after
+/// the acknowledgement of one decided by the new version was decided after it.
+async fn a_deploy_switches_every_node_at_one_moment(backend: Backend) {
+    let fast = [("PLUGIN_REGISTRY__POLL_MS", "200")];
+    let nodes = Nodes::start_with(3, backend, &fast).await;
+    push(&nodes.nodes[0], "echo_v1", ECHO_V1);
+    cli(&nodes.nodes[0], &["deploy", "echo", "1.0.0"]).expect("deploy 1.0.0");
+    push(&nodes.nodes[0], "echo_v2", ECHO_V2);
+
+    let (stop, acked) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+    let mut senders = Vec::new();
+    for (at, node) in nodes.nodes.iter().enumerate() {
+        for k in 0..4 {
+            let user = format!("sender{at}x{k}");
+            let client = Client::connect(node, &user, "phone").await;
+            let conversation = dm(&user, "sink");
+            senders.push(tokio::spawn(keep_sending(client, conversation, Arc::clone(&stop), Arc::clone(&acked))));
+        }
+    }
+    let sending = poll().within(Duration::from_secs(60));
+    sending.until("the senders to get going", async || acked.load(Ordering::Relaxed) >= 200).await;
+    let port = nodes.nodes[1].port;
+    let deployed = tokio::task::spawn_blocking(move || cli_on(port, &["deploy", "echo", "2.0.0"])).await;
+    let deployed = deployed.expect("the deploy's thread").expect("deploy 2.0.0");
+    assert_eq!(deployed["applied_everywhere"], true, "{deployed}");
+    let after = acked.load(Ordering::Relaxed) + 300;
+    sending.until("300 more messages after the deploy", async || acked.load(Ordering::Relaxed) >= after).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let mut decided = Vec::new();
+    for sender in senders {
+        let (mut client, conversation, log) = sender.await.expect("a sender");
+        let stored: HashMap<u64, String> = client
+            .whole_history(&conversation)
+            .await
+            .into_iter()
+            .map(|m| (m.id, String::from_utf8_lossy(&m.body).into_owned()))
+            .collect();
+        for sent in log {
+            assert!(sent.ok, "every message is accepted during the deploy");
+            let version = stored.get(&sent.id).cloned().unwrap_or_else(|| panic!("message {} is stored", sent.id));
+            decided.push((sent, version));
+        }
+    }
+    let first_new = decided.iter().filter(|(_, v)| v == "echo-v2").map(|(s, _)| s.acked).min();
+    let first_new = first_new.expect("some messages were decided by the new version");
+    let late_old: Vec<u64> =
+        decided.iter().filter(|(s, v)| v == "echo-v1" && s.sent > first_new).map(|(s, _)| s.id).collect();
+    assert!(decided.iter().any(|(_, v)| v == "echo-v1"), "some messages were decided by the old version");
+    assert!(
+        late_old.is_empty(),
+        "{} of {} messages were decided by the old version after one was decided by the new: {late_old:?}",
+        late_old.len(),
+        decided.len()
+    );
+    nodes.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_switches_every_node_at_one_moment_on_postgres() {
+    a_deploy_switches_every_node_at_one_moment(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_switches_every_node_at_one_moment_on_mariadb() {
+    a_deploy_switches_every_node_at_one_moment(Backend::MySql).await;
 }
