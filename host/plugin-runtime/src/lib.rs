@@ -41,6 +41,7 @@ mod manifest;
 mod plugin;
 mod recording;
 mod replay;
+mod samples;
 mod shadow;
 mod state;
 mod stats;
@@ -48,7 +49,7 @@ mod status;
 mod watch;
 
 pub use canary::{CanaryState, CanaryStatus, PromoteError};
-pub use check::{CheckReport, SampleRun, ScaffoldError, SdkDependency, check, check_bytes, scaffold};
+pub use check::{CheckReport, ScaffoldError, SdkDependency, check, check_bytes, scaffold};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
     CanaryPolicy, FailurePolicy, Hook, Limits, PluginHostConfig, PluginOverride, QuarantinePolicy, ShadowPolicy,
@@ -63,6 +64,7 @@ pub use recording::{
     CallInput, CallOutput, Header as RecordingHeader, Record, RecordingError, RecordingOptions, RecordingStatus,
 };
 pub use replay::{Difference, ReplayReport, replay};
+pub use samples::SampleRun;
 pub use shadow::{ShadowDifferences, ShadowExample, ShadowStatus};
 pub use state::LimitHit;
 pub use status::{PluginState, PluginStatus};

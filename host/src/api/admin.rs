@@ -232,7 +232,7 @@ pub async fn promote(
     require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
     if node.plugins().managed().contains(&name) {
-        let key_id = super::registry::key_id(&headers);
+        let key_id = super::key_id(&headers);
         return Ok(Json(node.plugin_registry().promote(&name, &key_id).await?));
     }
     match node.plugins().promote(&name).await {

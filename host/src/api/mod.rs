@@ -78,6 +78,13 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The admin key's id in the audit trail: a digest of the key, never the key.
+pub(super) fn key_id(headers: &HeaderMap) -> String {
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(bearer(headers).unwrap_or_default().as_bytes());
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("key:{hex}")
+}
+
 /// Every route this node serves. Probes (`/healthz`, `/readyz`, `/metrics`) and `/v1/ws`
 /// (which has its own connection caps) are outside the per-address HTTP limit.
 pub fn router(node: Arc<Node>) -> Router {

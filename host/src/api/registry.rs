@@ -16,22 +16,14 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use super::admin::require_admin_key;
-use super::{ApiError, bearer, path_params};
+use super::{ApiError, key_id, path_params};
 use crate::node::Node;
 use crate::plugins::{RegistryError, Role, Upload};
 
 /// The header an upload's manifest comes in, base64 (standard alphabet, padded).
 pub const MANIFEST_HEADER: &str = "x-herald-manifest";
-
-/// The admin key's id in the audit trail: a digest of the key, never the key.
-pub(super) fn key_id(headers: &HeaderMap) -> String {
-    let digest = Sha256::digest(bearer(headers).unwrap_or_default().as_bytes());
-    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
-    format!("key:{hex}")
-}
 
 impl From<RegistryError> for ApiError {
     fn from(error: RegistryError) -> Self {

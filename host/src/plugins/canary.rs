@@ -21,26 +21,6 @@ use crate::model::NodeId;
 /// How often the watch reads the reports.
 const EVERY: Duration = Duration::from_millis(250);
 
-/// The canary JSON of a promotion just made.
-pub fn watching(promoted: &str, previous: Option<&str>, now_ms: u64, policy: &CanaryPolicy) -> Value {
-    json!({
-        "state": if previous.is_some() { "watching" } else { "passed" },
-        "promoted_version": promoted,
-        "previous_version": previous.unwrap_or_default(),
-        "promoted_ms": now_ms,
-        "window_ms": policy.window_ms,
-        "why": null,
-    })
-}
-
-/// The canary JSON `canary` becomes when rolled back for `why`.
-pub fn rolled_back(canary: Option<&str>, why: &str) -> Value {
-    let mut canary = canary.and_then(|text| serde_json::from_str(text).ok()).unwrap_or_else(|| json!({}));
-    canary["state"] = json!("rolled_back");
-    canary["why"] = json!(why);
-    canary
-}
-
 /// One node's figures for the promoted version.
 struct Figures {
     calls: u64,

@@ -250,7 +250,7 @@ impl Deployer {
             return Err(RegistryError::NotFound(format!("plugin {name} has no shadow to promote; deploy one first")));
         };
         let before = self.p99_of(name, deployment.active.as_deref()).await;
-        let canary = super::canary::watching(&shadow, deployment.active.as_deref(), self.clock.now_ms(), &self.canary);
+        let canary = canary_watching(&shadow, deployment.active.as_deref(), self.clock.now_ms(), &self.canary);
         let switch = Switch {
             active: Some(shadow.clone()),
             shadow: None,
@@ -279,7 +279,7 @@ impl Deployer {
             active: Some(previous.clone()),
             shadow: deployment.shadow.clone(),
             previous: deployment.active.clone(),
-            canary: why.as_ref().map(|why| super::canary::rolled_back(deployment.canary.as_deref(), why).to_string()),
+            canary: why.as_ref().map(|why| canary_rolled_back(deployment.canary.as_deref(), why).to_string()),
         };
         let mut audit = self.audit(name, "rollback", deployment.active.clone(), Some(previous.clone()), key_id);
         audit.detail = why;
@@ -384,7 +384,7 @@ impl Deployer {
         id: &str,
         timeout: Duration,
     ) -> Result<Result<(), String>, RegistryError> {
-        if !self.store.switching(name, id).await? {
+        if !self.store.switching(name, id, self.clock.now_ms()).await? {
             return Ok(Err("the deploy was ended by another node meanwhile".to_owned()));
         }
         self.notices.announce().await;
@@ -459,4 +459,29 @@ fn switch_of(deployment: &Deployment) -> Switch {
         previous: deployment.previous.clone(),
         canary: deployment.canary.clone(),
     }
+}
+
+/// The canary JSON of a promotion just made (the watch itself is `canary.rs`).
+fn canary_watching(
+    promoted: &str,
+    previous: Option<&str>,
+    now_ms: u64,
+    policy: &herald_plugin_runtime::CanaryPolicy,
+) -> Value {
+    json!({
+        "state": if previous.is_some() { "watching" } else { "passed" },
+        "promoted_version": promoted,
+        "previous_version": previous.unwrap_or_default(),
+        "promoted_ms": now_ms,
+        "window_ms": policy.window_ms,
+        "why": null,
+    })
+}
+
+/// The canary JSON `canary` becomes when rolled back for `why`.
+fn canary_rolled_back(canary: Option<&str>, why: &str) -> Value {
+    let mut canary = canary.and_then(|text| serde_json::from_str(text).ok()).unwrap_or_else(|| json!({}));
+    canary["state"] = json!("rolled_back");
+    canary["why"] = json!(why);
+    canary
 }

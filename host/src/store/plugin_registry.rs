@@ -133,9 +133,9 @@ pub trait PluginRegistryStore: Send + Sync + 'static {
     /// Begins a deploy: false when another one is pending and began at or after
     /// `stale_before_ms`.
     async fn begin_deploy(&self, name: &str, pending: &Pending, stale_before_ms: u64) -> Result<bool, StoreError>;
-    /// Moves the deploy `pending_id` to its switching phase; false when it is no longer
-    /// pending.
-    async fn switching(&self, name: &str, pending_id: &str) -> Result<bool, StoreError>;
+    /// Moves the deploy `pending_id` to its switching phase (at `now_ms`); false when it is
+    /// no longer pending.
+    async fn switching(&self, name: &str, pending_id: &str, now_ms: u64) -> Result<bool, StoreError>;
     /// Finishes the deploy `pending_id`: switches to `switch` (incrementing the generation)
     /// or, with `None`, aborts it; writes `audit` with it. False when that deploy is no
     /// longer pending (finished by someone else).
@@ -421,9 +421,9 @@ impl PluginRegistryStore for Database {
         })
     }
 
-    async fn switching(&self, name: &str, pending_id: &str) -> Result<bool, StoreError> {
+    async fn switching(&self, name: &str, pending_id: &str, now_ms: u64) -> Result<bool, StoreError> {
         let sql = statements!(self.writer);
-        let now = signed(crate::clock::WallClock::now_ms(&crate::clock::SystemClock));
+        let now = signed(now_ms);
         on_backend!(self.writer, |pool, _dialect| {
             let done = sqlx::query(sql.switching).bind(now).bind(name).bind(pending_id).execute(pool).await?;
             Ok(done.rows_affected() == 1)

@@ -11,11 +11,11 @@
 
 use super::{PluginHost, Slot};
 use crate::{
-    check::run_samples,
     error::PluginError,
     kv::MemoryKv,
     limiter::MemoryLimiter,
     plugin::{Deps, Plugin, SHADOW, Source},
+    samples::run_samples,
 };
 use std::sync::Arc;
 
