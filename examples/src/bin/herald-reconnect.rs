@@ -26,6 +26,7 @@ use herald_examples::connection::Connection;
 use herald_examples::http::{self, authority_of};
 use herald_examples::ids::{ClientMsgIds, dm_conversation, random_tag};
 use herald_examples::metrics::Scrape;
+use herald_examples::storm::read_to_the_end;
 use herald_examples::target::check_target;
 use herald_proto::Encoding;
 use herald_proto::v1::{self, Frame, frame::Body};
@@ -232,57 +233,8 @@ async fn device(
     mut phase: watch::Receiver<Phase>,
 ) -> Result<Return, Error> {
     let me = &users[n];
-    let half = conversations / 2;
     let mut connection = connect(&urls.first, me, permits).await?;
-    // One message to each of the next `half` users; one arrives from each of the previous.
-    let mut ids = ClientMsgIds::new();
-    // By request id, each send until its final ack: a RETRY (a busy node) is sent again.
-    let mut unacked = std::collections::HashMap::new();
-    for k in 1..=half {
-        let to = &users[(n + k) % users.len()];
-        let send = v1::Send {
-            client_msg_id: ids.next_id(),
-            conversation: dm_conversation(me, to),
-            kind: 1,
-            body: "read".into(),
-        };
-        let rid = connection.next_rid();
-        connection.feed(&Frame::new(rid, send.clone())).await?;
-        unacked.insert(rid, send);
-    }
-    connection.flush().await?;
-    // Distinct conversations: a redelivery of a message not yet acked must not count twice.
-    let (mut acks, mut delivered) = (0, std::collections::HashSet::new());
-    while acks < half || delivered.len() < half {
-        let frame = tokio::time::timeout(WAIT, connection.recv()).await??;
-        match frame.body {
-            Some(Body::SendAck(ack)) if ack.status() == v1::send_ack::Status::Retry => {
-                let send = unacked.remove(&frame.rid).ok_or("a RETRY of no send of this device")?;
-                tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms))).await;
-                let rid = connection.next_rid();
-                connection.send(&Frame::new(rid, send.clone())).await?;
-                unacked.insert(rid, send);
-            }
-            Some(Body::SendAck(ack)) if ack.status() == v1::send_ack::Status::Rejected => {
-                return Err(format!("a set-up send was rejected: {ack:?}").into());
-            }
-            Some(Body::SendAck(_)) => {
-                unacked.remove(&frame.rid);
-                acks += 1;
-            }
-            Some(Body::Deliver(deliver)) => {
-                let message = deliver.message.ok_or("deliver without a message")?;
-                connection
-                    .send(&Frame::new(
-                        0,
-                        v1::DeliverAck { conversation: message.conversation.clone(), seq: message.seq },
-                    ))
-                    .await?;
-                delivered.insert(message.conversation);
-            }
-            _ => {}
-        }
-    }
+    read_to_the_end(&mut connection, users, n, conversations, WAIT).await?;
     set_up.wait().await;
     phase.wait_for(|phase| matches!(phase, Phase::Away)).await?;
     drop(connection); // no close frame: the socket just goes, as on a network switch

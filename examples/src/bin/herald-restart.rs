@@ -28,6 +28,7 @@ use herald_examples::connection::Connection;
 use herald_examples::http::{self, authority_of};
 use herald_examples::ids::{ClientMsgIds, dm_conversation, random_tag};
 use herald_examples::metrics::Scrape;
+use herald_examples::storm::read_to_the_end;
 use herald_examples::target::check_target;
 use herald_proto::v1::{self, Frame, frame::Body};
 use herald_proto::{Encoding, encode_proto};
@@ -345,47 +346,8 @@ async fn device(
     dropped: mpsc::UnboundedSender<usize>,
 ) -> Result<Seen, Error> {
     let me = &users[n];
-    let half = conversations / 2;
     let mut connection = connect(url, me, permits).await?;
-    let mut ids = ClientMsgIds::new();
-    let mut unacked = HashMap::new();
-    for k in 1..=half {
-        let to = &users[(n + k) % users.len()];
-        let send = v1::Send {
-            client_msg_id: ids.next_id(),
-            conversation: dm_conversation(me, to),
-            kind: 1,
-            body: "read".into(),
-        };
-        let rid = connection.next_rid();
-        connection.feed(&Frame::new(rid, send.clone())).await?;
-        unacked.insert(rid, send);
-    }
-    connection.flush().await?;
-    let (mut acks, mut delivered) = (0, HashSet::new());
-    while acks < half || delivered.len() < half {
-        let frame = tokio::time::timeout(WAIT, connection.recv()).await??;
-        match frame.body {
-            Some(Body::SendAck(ack)) if ack.status() == v1::send_ack::Status::Retry => {
-                let send = unacked.remove(&frame.rid).ok_or("a RETRY of no send of this device")?;
-                tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms))).await;
-                let rid = connection.next_rid();
-                connection.send(&Frame::new(rid, send.clone())).await?;
-                unacked.insert(rid, send);
-            }
-            Some(Body::SendAck(ack)) if ack.status() == v1::send_ack::Status::Rejected => {
-                return Err(format!("a set-up send was rejected: {ack:?}").into());
-            }
-            Some(Body::SendAck(_)) => {
-                unacked.remove(&frame.rid);
-                acks += 1;
-            }
-            Some(Body::Deliver(deliver)) => {
-                delivered.insert(ack(&mut connection, deliver).await?.conversation);
-            }
-            _ => {}
-        }
-    }
+    read_to_the_end(&mut connection, users, n, conversations, WAIT).await?;
     set_up.wait().await;
     // Until the node goes or the run ends: take the traffic.
     loop {

@@ -420,20 +420,20 @@ impl Client {
     }
 
     /// Resends `client_msg_id` (kind 1, `body`) until it is stored (`OK` or `DUPLICATE`),
-    /// waiting as each `RETRY` says; panics on any other answer, or on a `RETRY` past
-    /// `deadline`.
+    /// waiting as each `RETRY` says; returns that ack. Panics on any other answer, or on a
+    /// `RETRY` past `deadline`.
     pub async fn resend_until_stored(
         &mut self,
         client_msg_id: &str,
         conversation: &str,
         body: &[u8],
         deadline: Instant,
-    ) {
+    ) -> v1::SendAck {
         loop {
             self.send_with(client_msg_id, conversation, 1, body).await;
             let ack = self.ack_of(client_msg_id).await;
             match ack.status() {
-                Status::Ok | Status::Duplicate => return,
+                Status::Ok | Status::Duplicate => return ack,
                 Status::Retry if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms).clamp(20, 1_000))).await;
                 }

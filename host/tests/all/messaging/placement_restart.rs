@@ -6,10 +6,8 @@
 //! a conversation new to it (which no ledger names), each once and in order, and nothing it
 //! had acked.
 
-use std::time::Duration;
-
 use herald_host::store::Backend;
-use herald_proto::v1::{self, send_ack::Status};
+use herald_proto::v1;
 
 use super::client::Client;
 use super::nodes::Nodes;
@@ -133,19 +131,8 @@ async fn a_restarted_node_takes_its_devices_back(stop: Stop) {
 /// Sends `body` to `conversation`, again with the same id after each `RETRY` (the owner
 /// of the conversation may be the node that went down, until the others see it gone).
 async fn send_until_stored(sender: &mut Client, conversation: &str, body: &str) -> v1::SendAck {
-    let id = uuid();
     let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        sender.send_with(&id, conversation, 1, body.as_bytes()).await;
-        let ack = sender.ack_of(&id).await;
-        match ack.status() {
-            Status::Ok | Status::Duplicate => return ack,
-            Status::Retry if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms).clamp(20, 1_000))).await;
-            }
-            _ => panic!("{}", sender.failure(&format!("the send to {conversation} must be stored: {ack:?}"))),
-        }
-    }
+    sender.resend_until_stored(&uuid(), conversation, body.as_bytes(), deadline).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
