@@ -72,12 +72,11 @@ impl Delivery {
         // what changed while the node was down, storage says.
         let since = session.since().filter(|_| !full);
         let mut positions = resumed.unwrap_or_default();
-        let mut full = full;
-        if let Some(since) = since
-            && !self.add_changed(&session, since, &mut positions, true).await
-        {
-            full = true;
-        }
+        // When storage cannot say what changed, every conversation is read.
+        let full = match since {
+            Some(since) => !self.add_changed(&session, since, &mut positions, true).await,
+            None => full,
+        };
         if full {
             match self.device_conversations(&session.user, &session.device).await {
                 Ok(conversations) => {
@@ -126,14 +125,12 @@ impl Delivery {
         // that read the routes from a cache before the login reached it): after a full
         // backfill, or too many owed to note, in every conversation, since one may have
         // started meanwhile.
+        let read_all = read_all
+            || match since {
+                Some(since) => !self.add_changed(&session, since, &mut positions, false).await,
+                None => false,
+            };
         if read_all && let Ok(now) = self.device_conversations(&session.user, &session.device).await {
-            for (conversation, cursor) in now {
-                positions.entry(conversation).or_insert(cursor);
-            }
-        } else if let Some(since) = since
-            && !self.add_changed(&session, since, &mut positions, false).await
-            && let Ok(now) = self.device_conversations(&session.user, &session.device).await
-        {
             for (conversation, cursor) in now {
                 positions.entry(conversation).or_insert(cursor);
             }
