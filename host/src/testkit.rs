@@ -40,7 +40,9 @@ use crate::node::{Seams, Settings, Storage};
 use crate::pipeline::dedup::LocalDedup;
 use crate::pipeline::{Admission, Pipeline};
 use crate::plugins::{PluginHost, PluginHostConfig};
-use crate::routing::bus::{Addressed, BusError, LocalBus, NodeBus, Origin, Queued, SendAck, SendRequest, each_asked};
+use crate::routing::bus::{
+    Addressed, BusError, LocalBus, NodeBus, Origin, Queued, SendAck, SendRequest, cause, each_asked,
+};
 use crate::routing::rooms::{MemoryRoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::{RingView, StaticTopology, Topology};
@@ -437,9 +439,9 @@ pub enum Fault {
 impl Fault {
     fn error(self, node: NodeId) -> BusError {
         match self {
-            Self::NotSent => BusError::Failed { node, reason: "cannot connect".to_owned() },
-            Self::Broken => BusError::Broken { node, reason: "the link broke".to_owned() },
-            Self::Late => BusError::Late { node, reason: "no answer within 500ms".to_owned() },
+            Self::NotSent => BusError::Failed { node, cause: cause("cannot connect") },
+            Self::Broken => BusError::Broken { node, cause: cause("the link broke") },
+            Self::Late => BusError::Late { node, cause: cause("no answer within 500ms") },
         }
     }
 }

@@ -80,7 +80,7 @@ fn unreachable_error(error: &RedisError) -> bool {
 
 impl From<RedisFailure> for RouteError {
     fn from(failure: RedisFailure) -> Self {
-        RouteError(failure.to_string())
+        RouteError::new(failure)
     }
 }
 
@@ -345,6 +345,16 @@ fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_route_error_keeps_the_redis_failure_as_its_cause() {
+        let error = RouteError::from(RedisFailure::Timeout { what: "HGETALL", limit: Duration::from_millis(50) });
+        let failure = error.cause().downcast_ref::<RedisFailure>().expect("the Redis failure itself");
+        assert!(failure.is_unavailable());
+        let source = std::error::Error::source(&error).expect("a source");
+        assert_eq!(source.to_string(), failure.to_string());
+        assert!(error.to_string().contains("HGETALL"), "the message says what failed: {error}");
+    }
 
     #[test]
     fn passwords_never_reach_messages() {

@@ -58,7 +58,7 @@ impl RouteTable for CountingRoutes {
     async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
         self.lookups.lock().unwrap_or_else(|p| p.into_inner()).push(users.to_vec());
         if self.unreadable {
-            return Err(RouteError("Redis did not answer route lookup within 50ms".to_owned()));
+            return Err(RouteError::new("Redis did not answer route lookup within 50ms"));
         }
         self.table.devices_of(users).await
     }

@@ -53,23 +53,63 @@ pub struct SendAck {
 }
 
 /// Another node could not be asked.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BusError {
     #[error("node {0} is not reachable from here")]
     Unreachable(NodeId),
     /// The node was not asked: its breaker is open, a link to it could not be opened, or
     /// it refused the request.
-    #[error("node {node} did not answer: {reason}")]
-    Failed { node: NodeId, reason: String },
+    #[error("node {node} did not answer: {cause}")]
+    Failed {
+        node: NodeId,
+        #[source]
+        cause: Cause,
+    },
     /// The request went out but its link broke before the answer came: the node may have
     /// carried it out.
-    #[error("the link to node {node} broke before it answered: {reason}")]
-    Broken { node: NodeId, reason: String },
+    #[error("the link to node {node} broke before it answered: {cause}")]
+    Broken {
+        node: NodeId,
+        #[source]
+        cause: Cause,
+    },
     /// The request went out but its answer did not come within the deadline: the node may
     /// well have carried it out, late (overloaded, paused).
-    #[error("node {node} did not answer in time: {reason}")]
-    Late { node: NodeId, reason: String },
+    #[error("node {node} did not answer in time: {cause}")]
+    Late {
+        node: NodeId,
+        #[source]
+        cause: Cause,
+    },
 }
+
+/// Why a [`BusError`] happened: the socket's or TLS's own error where there is one, else a
+/// message. Shared: a link that fails fails every request waiting on it with the same one.
+/// As elsewhere on the I/O seams, the error's message repeats it, so `%error` says all.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
+/// A [`Cause`] from an error, or a message where there is none.
+pub fn cause(what: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Cause {
+    Arc::from(what.into())
+}
+
+/// Two failures are the same when they are of the same kind, for the same node, and say
+/// the same of their cause (a cause is an error, which has no equality of its own).
+impl PartialEq for BusError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Unreachable(a), Self::Unreachable(b)) => a == b,
+            (Self::Failed { node: a, cause: x }, Self::Failed { node: b, cause: y })
+            | (Self::Broken { node: a, cause: x }, Self::Broken { node: b, cause: y })
+            | (Self::Late { node: a, cause: x }, Self::Late { node: b, cause: y }) => {
+                a == b && x.to_string() == y.to_string()
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Eq for BusError {}
 
 impl BusError {
     /// Whether the node may have carried the request out: it went out, and either its link

@@ -91,7 +91,7 @@ const FLIGHTS_KEPT: usize = 256;
 
 /// A user's answer as a read under way will send it: `None` until it is read; `Err` carries
 /// why the table could not be read.
-type Answer = Option<Result<Arc<[Route]>, String>>;
+type Answer = Option<Result<Arc<[Route]>, RouteError>>;
 
 /// A read of one user under way: its number (told apart from a later read of the same user)
 /// and where its answer will appear.
@@ -240,7 +240,7 @@ impl CachedRoutes {
             Ok(looked_up) => looked_up,
             Err(error) => {
                 for answer in &leading.answers {
-                    answer.send_replace(Some(Err(error.0.clone())));
+                    answer.send_replace(Some(Err(error.clone())));
                 }
                 return Err(error);
             }
@@ -285,7 +285,7 @@ impl CachedRoutes {
                 Some(Ok(routes)) => {
                     found.insert(user, routes.to_vec());
                 }
-                Some(Err(error)) => return Err(RouteError(error)),
+                Some(Err(error)) => return Err(error),
                 None => orphans.push(user),
             }
         }
@@ -701,7 +701,7 @@ mod tests {
             }
             async fn devices_of(&self, _: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
                 self.0.notified().await;
-                Err(RouteError("redis is down".into()))
+                Err(RouteError::new("redis is down"))
             }
             async fn restore(&self, _: Route) -> Result<bool, RouteError> {
                 Ok(false)
@@ -717,7 +717,7 @@ mod tests {
         down.0.notify_one();
         for lookup in [first, second] {
             let error = lookup.await.expect("no panic").expect_err("the table is down");
-            assert!(error.0.contains("redis is down"), "{error}");
+            assert_eq!(error.cause().to_string(), "redis is down", "every joined lookup gets the one read's error");
         }
         assert_eq!(cached.counts().joined.load(Ordering::Relaxed), 1);
     }
@@ -739,7 +739,7 @@ mod tests {
         }
         async fn devices_of(&self, users: &[UserId]) -> Result<HashMap<UserId, Vec<Route>>, RouteError> {
             if self.down.load(Ordering::SeqCst) {
-                return Err(RouteError("lookup past its deadline".into()));
+                return Err(RouteError::new("lookup past its deadline"));
             }
             self.inner.devices_of(users).await
         }
@@ -773,7 +773,7 @@ mod tests {
         assert!(!stale.contains_key(&user("bob")), "bob had no device then");
 
         let error = cached.devices_of(&[user("ann"), user("cy")]).await.expect_err("cy was never read");
-        assert!(error.0.contains("deadline"), "{error}");
+        assert!(error.cause().to_string().contains("deadline"), "{error}");
         cached.invalidate(&[user("ann")]);
         cached.devices_of(&[user("ann")]).await.expect_err("an announced change drops the stale entry too");
     }

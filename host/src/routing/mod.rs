@@ -14,6 +14,7 @@ pub mod rooms;
 pub mod router;
 pub mod topology;
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -38,10 +39,26 @@ pub struct Route {
     pub parked: bool,
 }
 
-/// A route table could not be read or written (cluster mode: Redis is down).
-#[derive(Debug, thiserror::Error)]
+/// A route table could not be read or written (cluster mode: Redis is down). The cause
+/// (Redis's own error, naming the step that failed) is its source, to ask what failed,
+/// and shared, so every lookup joined to one read fails with the same one. As in the
+/// cluster's Redis failures, the message repeats the cause: a log line of `%error` says
+/// all.
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("route table unavailable: {0}")]
-pub struct RouteError(pub String);
+pub struct RouteError(#[source] Arc<dyn std::error::Error + Send + Sync>);
+
+impl RouteError {
+    /// A failure caused by `cause` (an error, or a message where there is none).
+    pub fn new(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self(Arc::from(cause.into()))
+    }
+
+    /// The cause, to ask what failed (`downcast_ref`).
+    pub fn cause(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
 
 /// Where connected devices are. Embedded: a map in this process. Cluster: shared by every
 /// node.

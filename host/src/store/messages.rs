@@ -142,10 +142,10 @@ impl Database {
             .into_iter()
             .map(|batch| match &synced {
                 Ok(()) => batch.results,
-                Err(error) => batch
+                Err(failure) => batch
                     .results
                     .into_iter()
-                    .map(|result| result.and_then(|_| Err(StoreError::Sync(error.to_string()))))
+                    .map(|result| result.and_then(|_| Err(StoreError::Sync(failure.clone()))))
                     .collect(),
             })
             .collect()

@@ -24,6 +24,7 @@ pub mod mysql;
 pub mod plugin_registry;
 pub mod postgres;
 pub mod repos;
+pub mod reworded;
 pub mod seq_lease;
 pub mod sqlite;
 pub mod wal_sync;
@@ -104,9 +105,19 @@ pub enum StoreError {
     #[error("the group-commit writer has stopped; the server is shutting down")]
     Closed,
     #[error("could not make the write durable: {0}")]
-    Sync(String),
+    Sync(#[source] SyncFailure),
     #[error("the database is not answering ({0}); retry")]
     Unavailable(String),
+}
+
+/// Why commits could not be made durable (SQLite's shared fsync of the WAL). Cloned to
+/// every write the failed fsync was to cover.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SyncFailure {
+    #[error("fsync of {path} failed: {source}")]
+    Fsync { path: String, source: Arc<std::io::Error> },
+    #[error("messages read were committed but not made durable within {0:?}; the writer is stuck or stopped")]
+    Stalled(Duration),
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -403,16 +414,18 @@ impl Database {
     /// [`StoreError::Migrate`] when a migration fails or the database has migrations this
     /// binary does not know (a newer Herald ran against it).
     pub async fn migrate(&self) -> Result<usize, StoreError> {
+        let migrator = match self.writer {
+            Pool::Sqlite(_) => &SQLITE_MIGRATIONS,
+            Pool::MySql(_) => &MYSQL_MIGRATIONS,
+            Pool::Postgres(_) => &POSTGRES_MIGRATIONS,
+        };
+        reworded::accept_rewording(&self.writer, migrator, self.backend()).await?;
         match &self.writer {
             Pool::Sqlite(pool) => SQLITE_MIGRATIONS.run(pool).await?,
             Pool::MySql(pool) => MYSQL_MIGRATIONS.run(pool).await?,
             Pool::Postgres(pool) => POSTGRES_MIGRATIONS.run(pool).await?,
         }
-        Ok(match self.writer {
-            Pool::Sqlite(_) => SQLITE_MIGRATIONS.iter().count(),
-            Pool::MySql(_) => MYSQL_MIGRATIONS.iter().count(),
-            Pool::Postgres(_) => POSTGRES_MIGRATIONS.iter().count(),
-        })
+        Ok(migrator.iter().count())
     }
 
     /// SQLite only: copies the WAL into the database every `every`, off the commit path

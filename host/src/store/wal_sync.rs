@@ -19,12 +19,13 @@
 //! power cut could still take back. When nothing is pending that is one atomic read.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::StoreError;
+use super::{StoreError, SyncFailure};
 
 /// How long a read waits for the commits it could see to be made durable before it fails.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -77,9 +78,9 @@ impl WalSync {
     /// that arrives while it runs.
     ///
     /// # Errors
-    /// [`StoreError::Sync`] when the fsync fails: the commit may or may not survive a power
-    /// cut, so it must not be reported durable.
-    pub async fn sync(&self, number: u64) -> Result<(), StoreError> {
+    /// [`SyncFailure::Fsync`] when the fsync fails: the commit may or may not survive a
+    /// power cut, so it must not be reported durable.
+    pub async fn sync(&self, number: u64) -> Result<(), SyncFailure> {
         if *self.durable.borrow() >= number {
             return Ok(());
         }
@@ -92,8 +93,8 @@ impl WalSync {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || std::fs::File::open(&path)?.sync_data())
             .await
-            .map_err(|error| StoreError::Sync(error.to_string()))?
-            .map_err(|error| StoreError::Sync(format!("{}: {error}", self.path.display())))?;
+            .unwrap_or_else(|stopped| Err(std::io::Error::other(stopped)))
+            .map_err(|source| SyncFailure::Fsync { path: self.path.display().to_string(), source: Arc::new(source) })?;
         self.durable.send_if_modified(|durable| {
             let moved = covered > *durable;
             *durable = (*durable).max(covered);
@@ -114,10 +115,7 @@ impl WalSync {
         let mut durable = self.durable.subscribe();
         match tokio::time::timeout(SETTLE_TIMEOUT, durable.wait_for(|&durable| durable >= seen)).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) | Err(_) => Err(StoreError::Sync(format!(
-                "messages read were committed but not made durable within {} s",
-                SETTLE_TIMEOUT.as_secs()
-            ))),
+            Ok(Err(_)) | Err(_) => Err(StoreError::Sync(SyncFailure::Stalled(SETTLE_TIMEOUT))),
         }
     }
 }
@@ -171,7 +169,8 @@ mod tests {
         let commit = wal.announce();
         wal.returned(commit);
         let error = wal.sync(commit).await.expect_err("no file");
-        assert!(matches!(error, StoreError::Sync(_)), "{error}");
+        let SyncFailure::Fsync { source, .. } = &error else { panic!("{error}") };
+        assert_eq!(source.kind(), std::io::ErrorKind::NotFound, "the cause is kept: {error}");
         assert_eq!(*wal.durable.borrow(), 0);
     }
 }

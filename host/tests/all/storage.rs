@@ -13,6 +13,7 @@ use crate::support::TestDb;
 
 on_every_backend!(
     migrations_apply_on_empty_database_and_again_as_noop,
+    a_database_that_applied_a_migration_since_reworded_still_opens,
     second_insert_of_same_client_msg_id_returns_original_ids,
     concurrent_duplicates_through_group_commit_store_one_row,
     closing_the_group_committer_answers_every_queued_insert,
@@ -63,6 +64,53 @@ async fn migrations_apply_on_empty_database_and_again_as_noop(backend: Backend) 
     assert_eq!(db.database.migrate().await.expect("second run is a no-op"), applied);
     let after = db.database.messages_after(&ConversationId::parse("dm:a:b").expect("valid"), 0, 10).await;
     assert_eq!(after.expect("read").len(), 1);
+    db.drop_database().await;
+}
+
+/// A migration whose comments were reworded after it shipped: a database that applied the
+/// old text opens (and records the new text's checksum); one whose recorded checksum is
+/// anything else is refused, as it was.
+async fn a_database_that_applied_a_migration_since_reworded_still_opens(backend: Backend) {
+    let db = migrated(backend).await;
+    let shipped: Vec<_> = herald_host::store::reworded::shipped(backend).collect();
+    assert!(!shipped.is_empty(), "a reworded migration is listed");
+    let recorded = |checksum: Vec<u8>, version: i64| {
+        let pool = db.database.writer.clone();
+        async move {
+            let done = match &pool {
+                Pool::Sqlite(pool) => sqlx::query("UPDATE _sqlx_migrations SET checksum = ? WHERE version = ?")
+                    .bind(checksum)
+                    .bind(version)
+                    .execute(pool)
+                    .await
+                    .map(|done| done.rows_affected()),
+                Pool::MySql(pool) => sqlx::query("UPDATE _sqlx_migrations SET checksum = ? WHERE version = ?")
+                    .bind(checksum)
+                    .bind(version)
+                    .execute(pool)
+                    .await
+                    .map(|done| done.rows_affected()),
+                Pool::Postgres(pool) => sqlx::query("UPDATE _sqlx_migrations SET checksum = $1 WHERE version = $2")
+                    .bind(checksum)
+                    .bind(version)
+                    .execute(pool)
+                    .await
+                    .map(|done| done.rows_affected()),
+            };
+            assert_eq!(done.expect("the migrations table is written"), 1, "version {version} was applied");
+        }
+    };
+    for (version, checksum) in &shipped {
+        recorded(checksum.clone(), *version).await;
+    }
+    let applied = db.database.migrate().await.expect("a database from before the rewording opens");
+    assert_eq!(db.database.migrate().await.expect("and again, now on the current text"), applied);
+
+    let (version, mut tampered) = shipped[0].clone();
+    tampered[0] ^= 0xff;
+    recorded(tampered, version).await;
+    let refused = db.database.migrate().await.expect_err("any other checksum is refused");
+    assert!(matches!(refused, StoreError::Migrate(_)), "{refused}");
     db.drop_database().await;
 }
 

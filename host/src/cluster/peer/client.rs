@@ -20,7 +20,7 @@ use super::{Kind, PeerAddresses, PeerSecret, PeerTimeouts, wire};
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, BreakerStatus};
 use crate::model::{ConversationId, DeviceLedger, GroupId, Message, NodeId, UserId};
 use crate::routing::Route;
-use crate::routing::bus::{Addressed, BusError, NodeBus, Queued, SendAck, SendRequest, each_asked};
+use crate::routing::bus::{Addressed, BusError, Cause, NodeBus, Queued, SendAck, SendRequest, cause, each_asked};
 use crate::routing::cache::RouteChanges;
 use crate::tls::Tls;
 
@@ -67,7 +67,16 @@ struct Backoff {
     /// No attempt before this.
     retry_at: Option<Instant>,
     /// Why the last attempt failed, repeated to the calls refused meanwhile.
-    last_error: String,
+    last_error: Option<Cause>,
+}
+
+/// A call refused while the backoff after failed attempts to open a link runs.
+#[derive(Debug, thiserror::Error)]
+#[error("{last}; next attempt in {wait:?}")]
+struct HeldOff {
+    #[source]
+    last: Cause,
+    wait: Duration,
 }
 
 impl PeerBus {
@@ -137,8 +146,8 @@ impl PeerBus {
         if backoff.address == Some(address)
             && let Some(retry_at) = backoff.retry_at.filter(|&at| at > now)
         {
-            let wait = retry_at - now;
-            return Err(BusError::Failed { node, reason: format!("{}; next attempt in {wait:?}", backoff.last_error) });
+            let last = backoff.last_error.clone().unwrap_or_else(|| cause("opening a link failed"));
+            return Err(BusError::Failed { node, cause: cause(HeldOff { last, wait: retry_at - now }) });
         }
         peer.link.store(None);
         // Counted as failed until it succeeds: an attempt cut short by this call's deadline
@@ -148,7 +157,7 @@ impl PeerBus {
         backoff.failures = backoff.failures.saturating_add(1);
         backoff.address = Some(address);
         backoff.retry_at = Some(now + self.reconnect_delay(backoff.failures));
-        backoff.last_error = format!("opening a link to node {node} at {address} did not finish in time");
+        backoff.last_error = Some(cause(format!("opening a link to node {node} at {address} did not finish in time")));
         match Link::open(node, address, self.local, &self.secret, self.tls.as_ref(), self.timeouts.connect).await {
             Ok(link) => {
                 let link = Arc::new(link);
@@ -159,10 +168,11 @@ impl PeerBus {
                 *backoff = Backoff::default();
                 Ok(link)
             }
-            Err(reason) => {
-                backoff.last_error.clone_from(&reason);
-                tracing::warn!(%node, %address, failures = backoff.failures, %reason, "cannot open a peer link");
-                Err(BusError::Failed { node, reason })
+            Err(error) => {
+                tracing::warn!(%node, %address, failures = backoff.failures, %error, "cannot open a peer link");
+                let error = cause(error);
+                backoff.last_error = Some(Arc::clone(&error));
+                Err(BusError::Failed { node, cause: error })
             }
         }
     }
@@ -199,8 +209,8 @@ impl PeerBus {
         if !peer.breaker.permits() {
             metrics::counter!("herald_cluster_peer_requests_total", "kind" => kind.name(), "outcome" => "refused")
                 .increment(1);
-            let reason = format!("node {node} was not asked: its circuit breaker is open after repeated failures");
-            return Err(BusError::Failed { node, reason });
+            let why = format!("node {node} was not asked: its circuit breaker is open after repeated failures");
+            return Err(BusError::Failed { node, cause: cause(why) });
         }
         // The inner result is the peer's answer: a refusal is an answer, and says nothing
         // against the link.
@@ -219,15 +229,17 @@ impl PeerBus {
                 }
             };
             match link.call(request, on_queued).await {
-                Ok(Some(Outcome::Failure(Failure { message, .. }))) => {
-                    Ok(Err(BusError::Failed { node, reason: format!("node {node} refused the request: {message}") }))
-                }
+                Ok(Some(Outcome::Failure(Failure { message, .. }))) => Ok(Err(BusError::Failed {
+                    node,
+                    cause: cause(format!("node {node} refused the request: {message}")),
+                })),
                 Ok(Some(outcome)) => Ok(Ok(outcome)),
-                Ok(None) => {
-                    Ok(Err(BusError::Failed { node, reason: format!("node {node} answered in a form unknown here") }))
-                }
-                Err(CallError::NotSent(reason)) => Err(BusError::Failed { node, reason }),
-                Err(CallError::Broken(reason)) => Err(BusError::Broken { node, reason }),
+                Ok(None) => Ok(Err(BusError::Failed {
+                    node,
+                    cause: cause(format!("node {node} answered in a form unknown here")),
+                })),
+                Err(CallError::NotSent(cause)) => Err(BusError::Failed { node, cause }),
+                Err(CallError::Broken(cause)) => Err(BusError::Broken { node, cause }),
             }
         };
         // `answered`: whether the peer answered at all (the link works), for its breaker.
@@ -242,11 +254,11 @@ impl PeerBus {
             Ok(Err(error @ BusError::Unreachable(_))) => (Err(error), "unreachable", None),
             Ok(Err(error)) => (Err(error), "failed", Some(false)),
             Err(_) => {
-                let reason = format!("node {node} did not answer {} within {deadline:?}", kind.name());
+                let cause = cause(format!("node {node} did not answer {} within {deadline:?}", kind.name()));
                 let error = if handed_over.load(Ordering::Relaxed) {
-                    BusError::Late { node, reason }
+                    BusError::Late { node, cause }
                 } else {
-                    BusError::Failed { node, reason }
+                    BusError::Failed { node, cause }
                 };
                 (Err(error), "timeout", Some(false))
             }
@@ -271,7 +283,7 @@ impl PeerBus {
 
 /// A response that does not belong to the request it answers.
 fn unexpected(node: NodeId, kind: Kind) -> BusError {
-    BusError::Failed { node, reason: format!("node {node} answered {} with something else", kind.name()) }
+    BusError::Failed { node, cause: cause(format!("node {node} answered {} with something else", kind.name())) }
 }
 
 /// Expects a request's plain completion.
@@ -319,7 +331,7 @@ impl NodeBus for PeerBus {
             Outcome::Done(_) => Ok(None),
             Outcome::Ledger(ledger) => wire::ledger_from(ledger).map(Some).map_err(|error| BusError::Failed {
                 node,
-                reason: format!("node {node} handed over a bad ledger: {error}"),
+                cause: cause(format!("node {node} handed over a bad ledger: {error}")),
             }),
             _ => Err(unexpected(node, Kind::Kick)),
         }

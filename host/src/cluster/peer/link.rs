@@ -22,6 +22,7 @@ use super::frame::{self, AbortOnDrop, FrameError, MAX_FRAME_BYTES, Outgoing};
 use super::{PeerSecret, ReadHalf, WriteHalf, handshake};
 use crate::maps::HashMap;
 use crate::model::NodeId;
+use crate::routing::bus::{Cause, cause};
 use crate::tls::Tls;
 
 /// Frames waiting for a link's writer. A caller finding it full waits, within its deadline:
@@ -30,7 +31,34 @@ const OUTBOUND_QUEUE: usize = 1024;
 
 /// What a request waits for: the peer's outcome (`None`: one this build does not know), or
 /// why the link closed under it.
-type Answer = Result<Option<Outcome>, String>;
+type Answer = Result<Option<Outcome>, Cause>;
+
+/// Why a link could not be opened, a request could not go out on it, or it closed; phrased
+/// for the operator, with the socket's, TLS's or frame's error as its source.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LinkError {
+    #[error("cannot connect to node {node} at {address}: {source}")]
+    Connect { node: NodeId, address: SocketAddr, source: std::io::Error },
+    #[error("tls handshake with node {node} at {address} failed: {source}")]
+    Tls { node: NodeId, address: SocketAddr, source: std::io::Error },
+    /// The peer refused this node, or is not the node expected.
+    #[error("{0}")]
+    Handshake(String),
+    #[error("node {node} at {address} did not complete a handshake within {limit:?}")]
+    HandshakeTimeout { node: NodeId, address: SocketAddr, limit: Duration },
+    #[error("the request cannot be sent: {0}")]
+    Unsendable(#[source] FrameError),
+    #[error("the link to node {node} was closed")]
+    Closed { node: NodeId },
+    #[error("writing to node {node} failed: {source}")]
+    Write { node: NodeId, source: std::io::Error },
+    #[error("node {node} broke the link protocol (a frame that is not a response)")]
+    Protocol { node: NodeId },
+    #[error("node {node} closed the link")]
+    ClosedByPeer { node: NodeId },
+    #[error("the link to node {node} failed: {source}")]
+    Read { node: NodeId, source: FrameError },
+}
 
 /// A link open to one peer.
 pub(super) struct Link {
@@ -80,7 +108,7 @@ impl Link {
     /// within `limit`.
     ///
     /// # Errors
-    /// Why the link could not be opened, phrased for the operator.
+    /// [`LinkError`]: why the link could not be opened.
     pub(super) async fn open(
         node: NodeId,
         address: SocketAddr,
@@ -88,39 +116,40 @@ impl Link {
         secret: &PeerSecret,
         tls: Option<&Tls>,
         limit: Duration,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, LinkError> {
         let opening = async {
-            let mut stream = TcpStream::connect(address)
-                .await
-                .map_err(|error| format!("cannot connect to node {node} at {address}: {error}"))?;
+            let mut stream =
+                TcpStream::connect(address).await.map_err(|source| LinkError::Connect { node, address, source })?;
             // Requests are small and latency matters more than packet count.
             let _ = stream.set_nodelay(true);
             let Some(tls) = tls else {
-                handshake::introduce(&mut stream, address, local, node, secret).await?;
+                handshake::introduce(&mut stream, address, local, node, secret).await.map_err(LinkError::Handshake)?;
                 let (read, write) = stream.into_split();
-                return Ok::<(ReadHalf, WriteHalf), String>((Box::new(read), Box::new(write)));
+                return Ok::<(ReadHalf, WriteHalf), LinkError>((Box::new(read), Box::new(write)));
             };
             let mut stream = tls
                 .connector()
                 .connect(tls.peer_name(address), stream)
                 .await
-                .map_err(|error| format!("tls handshake with node {node} at {address} failed: {error}"))?;
-            handshake::introduce(&mut stream, address, local, node, secret).await?;
+                .map_err(|source| LinkError::Tls { node, address, source })?;
+            handshake::introduce(&mut stream, address, local, node, secret).await.map_err(LinkError::Handshake)?;
             Ok(super::split(stream))
         };
-        let (read, write) = tokio::time::timeout(limit, opening)
-            .await
-            .map_err(|_| format!("node {node} at {address} did not complete a handshake within {limit:?}"))??;
+        let (read, write) = tokio::time::timeout(limit, opening).await.map_err(|_| LinkError::HandshakeTimeout {
+            node,
+            address,
+            limit,
+        })??;
         let (outbound, queue) = mpsc::channel(OUTBOUND_QUEUE);
         let pending = Arc::new(Pending::default());
         let writer = tokio::spawn({
             let pending = Arc::clone(&pending);
             async move {
-                let reason = match frame::write_queue(write, queue).await {
-                    Ok(()) => format!("the link to node {node} was closed"),
-                    Err(error) => format!("writing to node {node} failed: {error}"),
+                let closed = match frame::write_queue(write, queue).await {
+                    Ok(()) => LinkError::Closed { node },
+                    Err(source) => LinkError::Write { node, source },
                 };
-                pending.close(reason);
+                pending.close(cause(closed));
             }
         });
         let writer = Flush(writer.abort_handle());
@@ -154,8 +183,7 @@ impl Link {
     ) -> Result<Option<Outcome>, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = PeerFrame { body: Some(Body::Request(Request { id, kind: Some(kind) })) };
-        let frame = frame::encode(&frame)
-            .map_err(|error| CallError::NotSent(format!("the request cannot be sent: {error}")))?;
+        let frame = frame::encode(&frame).map_err(|error| CallError::NotSent(cause(LinkError::Unsendable(error))))?;
         let answer = self.pending.register(id).map_err(CallError::NotSent)?;
         // Removes the entry if this call is dropped (its deadline passed) before an answer.
         let _waiting = Waiting { pending: &self.pending, id };
@@ -171,29 +199,29 @@ impl Link {
 #[derive(Debug)]
 pub(super) enum CallError {
     /// It never left: too large for a frame, or the link had closed.
-    NotSent(String),
+    NotSent(Cause),
     /// It was queued to the link, which closed before the answer came: the peer may have
     /// carried it out.
-    Broken(String),
+    Broken(Cause),
 }
 
 /// Reads responses until the link ends, then closes it.
 async fn read_responses(node: NodeId, mut reader: BufReader<ReadHalf>, pending: Arc<Pending>) {
-    let reason = loop {
+    let closed = loop {
         match frame::read(&mut reader, MAX_FRAME_BYTES).await {
             Ok(PeerFrame { body: Some(Body::Response(response)) }) => pending.answer(response.id, response.outcome),
             Ok(_) => {
                 tracing::warn!(%node, "a peer sent a frame that is not a response; closing the link");
-                break format!("node {node} broke the link protocol (a frame that is not a response)");
+                break LinkError::Protocol { node };
             }
-            Err(FrameError::Closed) => break format!("node {node} closed the link"),
-            Err(error) => {
-                tracing::warn!(%node, %error, "reading from a peer failed; closing the link");
-                break format!("the link to node {node} failed: {error}");
+            Err(FrameError::Closed) => break LinkError::ClosedByPeer { node },
+            Err(source) => {
+                tracing::warn!(%node, error = %source, "reading from a peer failed; closing the link");
+                break LinkError::Read { node, source };
             }
         }
     };
-    pending.close(reason);
+    pending.close(cause(closed));
 }
 
 /// The requests in flight on a link, and whether it closed.
@@ -205,7 +233,7 @@ struct Pending {
 #[derive(Default)]
 struct PendingState {
     /// Why the link closed; set once, after which nothing waits on it.
-    closed: Option<String>,
+    closed: Option<Cause>,
     /// Each request in flight, by id.
     waiting: HashMap<u64, oneshot::Sender<Answer>>,
 }
@@ -218,7 +246,7 @@ impl Pending {
     }
 
     /// Waits for `id`'s response, unless the link has closed.
-    fn register(&self, id: u64) -> Result<oneshot::Receiver<Answer>, String> {
+    fn register(&self, id: u64) -> Result<oneshot::Receiver<Answer>, Cause> {
         let mut state = self.lock();
         if let Some(reason) = &state.closed {
             return Err(reason.clone());
@@ -241,14 +269,14 @@ impl Pending {
     }
 
     /// Closes the link: every waiting request fails with `reason`, and no new one starts.
-    fn close(&self, reason: String) {
+    fn close(&self, reason: Cause) {
         let waiting = {
             let mut state = self.lock();
-            state.closed.get_or_insert(reason.clone());
+            state.closed.get_or_insert_with(|| Arc::clone(&reason));
             std::mem::take(&mut state.waiting)
         };
         for (_, request) in waiting {
-            let _ = request.send(Err(reason.clone()));
+            let _ = request.send(Err(Arc::clone(&reason)));
         }
     }
 
@@ -256,8 +284,8 @@ impl Pending {
         self.lock().closed.is_some()
     }
 
-    fn reason(&self) -> String {
-        self.lock().closed.clone().unwrap_or_else(|| "the link closed".to_owned())
+    fn reason(&self) -> Cause {
+        self.lock().closed.clone().unwrap_or_else(|| cause("the link closed"))
     }
 }
 
