@@ -37,11 +37,12 @@ fn severity(tier: Tier) -> u8 {
 
 impl PluginHost {
     /// A snapshot: calls finish on the plugins they started with, whatever reloads happen.
-    /// Taken once the host's gate lets calls in (`PluginHost::hold`): while a cluster
-    /// switches versions, no call starts, and the guard keeps a started call counted until
-    /// it is answered, so a hold waits for every call on the old versions to finish.
-    async fn snapshot(&self) -> (tokio::sync::RwLockReadGuard<'_, ()>, Arc<crate::host::Registry>) {
-        let entered = self.inner.gate.read().await;
+    /// Taken once `hook`'s gate lets calls in (`PluginHost::hold`): while a cluster switches
+    /// versions of a plugin with this hook, no call of it starts, and the guard keeps a
+    /// started call counted until it is answered, so a hold waits for every call on the old
+    /// versions to finish.
+    async fn snapshot(&self, hook: Hook) -> (tokio::sync::RwLockReadGuard<'_, ()>, Arc<crate::host::Registry>) {
+        let entered = self.inner.gates[hook.index()].read().await;
         (entered, self.inner.registry.load_full())
     }
 
@@ -66,7 +67,7 @@ impl PluginHost {
 
     /// Pipeline step 4: allow, reject or rewrite `message`.
     pub async fn message_policy(&self, message: &Message) -> MessageDecision {
-        let (_entered, registry) = self.snapshot().await;
+        let (_entered, registry) = self.snapshot(Hook::MessagePolicy).await;
         let chain = &registry.chains[Hook::MessagePolicy.index()];
         if chain.is_empty() {
             return self.inner.fallback.message_policy(message);
@@ -98,7 +99,7 @@ impl PluginHost {
 
     /// Accept (and archive or not), defer or flag as duplicate an announcement.
     pub async fn announce_policy(&self, announcement: &Announcement) -> AnnounceDecision {
-        let (_entered, registry) = self.snapshot().await;
+        let (_entered, registry) = self.snapshot(Hook::AnnouncePolicy).await;
         let chain = &registry.chains[Hook::AnnouncePolicy.index()];
         if chain.is_empty() {
             return self.inner.fallback.announce_policy(announcement);
@@ -122,7 +123,7 @@ impl PluginHost {
 
     /// The key the ring hashes for `request`.
     pub async fn route_key(&self, request: &RouteRequest) -> String {
-        let (_entered, registry) = self.snapshot().await;
+        let (_entered, registry) = self.snapshot(Hook::RouteKey).await;
         for plugin in &registry.chains[Hook::RouteKey.index()] {
             // `allow` and `deny` mean nothing for a key: a failure falls through to the
             // next plugin and, in the end, the built-in default.
@@ -137,7 +138,7 @@ impl PluginHost {
 
     /// The delivery tier for `health`.
     pub async fn degrade(&self, health: &Health) -> Tier {
-        let (_entered, registry) = self.snapshot().await;
+        let (_entered, registry) = self.snapshot(Hook::Degrade).await;
         let chain = &registry.chains[Hook::Degrade.index()];
         if chain.is_empty() {
             return self.inner.fallback.degrade(health);
@@ -159,7 +160,7 @@ impl PluginHost {
 
     /// Authorize a connection whose token is valid.
     pub async fn connect(&self, request: &ConnectRequest) -> ConnectDecision {
-        let (_entered, registry) = self.snapshot().await;
+        let (_entered, registry) = self.snapshot(Hook::Connect).await;
         let chain = &registry.chains[Hook::Connect.index()];
         if chain.is_empty() {
             return self.inner.fallback.connect(request);
@@ -186,7 +187,7 @@ impl PluginHost {
     /// among `delivery.recipients` count). Without a plugin, none. A failing plugin drops
     /// none under `allow` or `default`, and all under `deny`.
     pub async fn deliver_filter(&self, delivery: &Delivery) -> HashSet<String> {
-        let (_entered, registry) = self.snapshot().await;
+        let (_entered, registry) = self.snapshot(Hook::DeliverFilter).await;
         let mut dropped = HashSet::new();
         for plugin in &registry.chains[Hook::DeliverFilter.index()] {
             match Self::call(&registry, plugin, Hook::DeliverFilter, Input::Delivery(delivery)).await {

@@ -30,6 +30,17 @@ pub struct RedisNotices {
     channel: String,
     /// What this node heard, from Redis or from itself.
     local: Arc<LocalNotices>,
+    /// The subscription's task, stopped with the notices: a node that stops (or a test's
+    /// node dropped) leaves no connection to Redis behind.
+    listener: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for RedisNotices {
+    fn drop(&mut self) {
+        if let Some(listener) = &self.listener {
+            listener.abort();
+        }
+    }
 }
 
 impl RedisNotices {
@@ -37,10 +48,9 @@ impl RedisNotices {
     pub fn start(redis: RedisConnection, keys: &KeyPrefix, url: &str) -> Arc<Self> {
         let channel = format!("{}plugins:deployed", keys.as_str());
         let local = Arc::new(LocalNotices::default());
-        if !url.starts_with("redis+cluster://") {
-            tokio::spawn(listen(url.to_owned(), channel.clone(), Arc::clone(&local)));
-        }
-        Arc::new(Self { redis, channel, local })
+        let listener = (!url.starts_with("redis+cluster://"))
+            .then(|| tokio::spawn(listen(url.to_owned(), channel.clone(), Arc::clone(&local))).abort_handle());
+        Arc::new(Self { redis, channel, local, listener })
     }
 }
 

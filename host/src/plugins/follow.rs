@@ -9,8 +9,8 @@
 //!   the registry names (the prepared ones when it has them) in one swap.
 //!
 //! * for a pending deploy of a new active version in its switching phase, holds this
-//!   node's hook calls (`PluginHost::hold`: calls under way finish, none starts) and says
-//!   so; once the deployment switched (or the deploy was aborted) it installs what the
+//!   node's calls of the plugin's hooks (`PluginHost::hold`: calls under way finish, none
+//!   starts; the other hooks' calls go on) and says so; once the deployment switched (or the deploy was aborted) it installs what the
 //!   registry names and lets the calls go. Every node holding before any serves the new
 //!   version is what makes the switch one moment for the cluster. A node holding longer
 //!   than `plugin_registry.deploy_timeout_ms` (the deploying node went quiet) aborts the
@@ -24,7 +24,7 @@
 //! connections (`Plugins::start`), so it serves the registry's versions from its first
 //! connection on.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::notices::DeployNotices;
-use super::{Hold, PluginHost, Prepared};
+use super::{Hold, Hook, PluginHost, Prepared};
 use crate::clock::WallClock;
 use crate::model::NodeId;
 use crate::store::plugin_registry::{Audit, Deployment, NodeReport, PluginRegistryStore};
@@ -64,10 +64,21 @@ struct Memory {
     errors: HashMap<String, String>,
     /// Per plugin, the last report written and when.
     written: HashMap<String, (String, u64)>,
-    /// Per plugin, the switching deploy this node holds its calls for, and since when.
-    holding: HashMap<String, (String, u64)>,
-    /// This node's hook calls, held while `holding` is not empty.
+    /// Per plugin, the switching deploy this node holds its calls for.
+    holding: HashMap<String, Holding>,
+    /// This node's calls of the hooks of the plugins switching, held while `holding` is
+    /// not empty.
     hold: Option<Hold>,
+}
+
+/// A switch this node holds calls for.
+struct Holding {
+    /// The pending deploy's id.
+    id: String,
+    /// Since when, ms.
+    since: u64,
+    /// The hooks of the plugin's version serving and of the version switched to.
+    hooks: BTreeSet<Hook>,
 }
 
 /// Follows the registry for one node.
@@ -131,7 +142,7 @@ impl Follower {
                 tracing::warn!(%error, "cannot read the plugin registry; trying again at the next poll");
                 let mut memory = self.memory.lock().await;
                 let now = self.clock.now_ms();
-                if memory.holding.values().any(|(_, since)| now.saturating_sub(*since) >= self.hold_limit_ms) {
+                if memory.holding.values().any(|held| now.saturating_sub(held.since) >= self.hold_limit_ms) {
                     tracing::error!(
                         "the plugin registry cannot be read to end a switch; letting the calls go on the versions serving"
                     );
@@ -167,14 +178,25 @@ impl Follower {
         holding
     }
 
-    /// Holds this node's calls for the switching deploy `pending_id` of `name`.
-    async fn hold_for(&self, memory: &mut Memory, name: &str, pending_id: &str) {
-        if memory.hold.is_none() {
-            // Waits for the calls under way, each bounded by its plugin's deadline.
-            memory.hold = Some(self.host.hold().await);
+    /// Holds this node's calls of the hooks of plugin `name` for its switching deploy
+    /// `pending_id` to `version`: the hooks of the version serving and of `version` (every
+    /// hook when this node has not prepared `version`, having restarted meanwhile: holding
+    /// too much is safe, too little is not).
+    async fn hold_for(&self, memory: &mut Memory, name: &str, pending_id: &str, version: &str) {
+        let mut hooks: BTreeSet<Hook> = self.host.hooks_of(name).into_iter().collect();
+        match memory.prepared.get(&(name.to_owned(), version.to_owned(), false)) {
+            Some(prepared) => hooks.extend(prepared.hooks()),
+            None if version.is_empty() => {}
+            None => hooks.extend(Hook::ALL),
         }
-        memory.holding.insert(name.to_owned(), (pending_id.to_owned(), self.clock.now_ms()));
-        tracing::info!(plugin = %name, "hook calls held for a cluster-wide switch of plugin versions");
+        // Waits for the calls of those hooks under way, each bounded by its plugin's deadline.
+        match &mut memory.hold {
+            Some(hold) => self.host.hold_more(hold, hooks.iter().copied()).await,
+            None => memory.hold = Some(self.host.hold(hooks.iter().copied()).await),
+        }
+        tracing::info!(plugin = %name, ?hooks, "hook calls held for a cluster-wide switch of plugin versions");
+        let since = self.clock.now_ms();
+        memory.holding.insert(name.to_owned(), Holding { id: pending_id.to_owned(), since, hooks });
     }
 
     /// Stops holding for the deploys that switched (installed above) or were aborted, and
@@ -184,7 +206,7 @@ impl Follower {
         let now = self.clock.now_ms();
         let mut aborted = false;
         let mut over = Vec::new();
-        for (name, (id, since)) in &memory.holding {
+        for (name, Holding { id, since, .. }) in &memory.holding {
             let pending = deployments.iter().find(|d| d.name == *name).and_then(|d| d.pending.as_ref());
             let Some(pending) = pending.filter(|pending| pending.id == *id) else {
                 over.push(name.clone());
@@ -228,6 +250,10 @@ impl Follower {
         }
         if memory.holding.is_empty() && memory.hold.take().is_some() {
             tracing::info!("hook calls let go after a cluster-wide switch");
+        } else if let Some(hold) = &mut memory.hold {
+            // The hooks of the switches still under way stay held; the others go on.
+            let kept: BTreeSet<Hook> = memory.holding.values().flat_map(|held| held.hooks.iter().copied()).collect();
+            hold.keep_only(&kept);
         }
         aborted
     }
@@ -236,9 +262,9 @@ impl Follower {
     /// one switching; whether it answered anything.
     async fn answer_pending(&self, memory: &mut Memory, deployment: &Deployment) -> bool {
         let Some(pending) = &deployment.pending else { return false };
-        let held = memory.holding.get(&deployment.name).is_some_and(|(id, _)| *id == pending.id);
+        let held = memory.holding.get(&deployment.name).is_some_and(|held| held.id == pending.id);
         if pending.switching && pending.role == "active" && !held {
-            self.hold_for(memory, &deployment.name, &pending.id).await;
+            self.hold_for(memory, &deployment.name, &pending.id, &pending.version).await;
             self.write_report(memory, &deployment.name, deployment, true).await;
             return true;
         }
@@ -402,7 +428,7 @@ impl Follower {
             let outcome = memory.answered.get(name).filter(|(id, _)| *id == pending.id).map(|(_, outcome)| outcome);
             // A node that started while the deploy was switching holds without having
             // prepared it (it prepares at the switch).
-            let holding = memory.holding.get(name).is_some_and(|(held, _)| *held == pending.id);
+            let holding = memory.holding.get(name).is_some_and(|held| held.id == pending.id);
             (outcome.is_some() || holding).then(|| {
                 json!({
                     "id": pending.id,

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use herald_host::breaker::{Breaker, BreakerConfig, BreakerState};
+use herald_host::cluster::plugin_notices::RedisNotices;
 use herald_host::cluster::{
     MarkLifetimes, RedisConnection, RedisDedup, RedisFailure, RedisRoomDirectory, RedisRouteTable, RedisTimeouts,
     RouteLifetimes, Upkeep,
@@ -19,6 +20,7 @@ use herald_host::maps::HashMap;
 use herald_host::model::{ClientMsgId, ConnectionId, ConversationId, DeviceId, NodeId, UserId};
 use herald_host::pipeline::SendError;
 use herald_host::pipeline::dedup::{DedupMarks, Mark, Outcome};
+use herald_host::plugins::notices::DeployNotices;
 use herald_host::routing::RouteTable;
 use herald_host::routing::rooms::RoomDirectory;
 use herald_host::routing::{Route, RouteError};
@@ -479,3 +481,34 @@ async fn client_urls_are_published_replaced_and_withdrawn_per_node() {
     assert_eq!(urls.all().await.expect("read").into_keys().collect::<Vec<_>>(), vec![NodeId(2)]);
 }
 
+/// A plugin deploy announced on one node wakes every other node's follower through Redis,
+/// and a node's subscription ends with the node: one stopped (or a test's node dropped)
+/// leaves no connection behind. On a Redis Cluster nodes follow by their poll alone and
+/// nothing subscribes.
+#[tokio::test]
+async fn deploy_notices_reach_the_other_nodes_and_each_subscription_ends_with_its_node() {
+    let scratch = Scratch::new().await;
+    let channel = format!("{}plugins:deployed", scratch.keys.as_str());
+    let announcing = RedisNotices::start(scratch.redis.clone(), &scratch.keys, &scratch.url);
+    let hearing = RedisNotices::start(scratch.redis.clone(), &scratch.keys, &scratch.url);
+    let mut heard = hearing.subscribe();
+    if scratch.url.starts_with("redis+cluster://") {
+        let own = announcing.subscribe();
+        announcing.announce().await;
+        assert!(own.has_changed().expect("open"), "a node hears its own notice without Redis");
+        assert_eq!(scratch.subscribers(&channel), 0, "nothing subscribes on a Redis Cluster");
+        return;
+    }
+    poll().until("both nodes to subscribe", async || scratch.subscribers(&channel) == 2).await;
+    // Each subscription counts itself as a notice once (one may have been missed while it
+    // was down): wait for that, so what comes next can only be the other node's.
+    poll().until("the subscription's own notice", async || *heard.borrow() >= 1).await;
+    let before = *heard.borrow_and_update();
+    announcing.announce().await;
+    tokio::time::timeout(WAIT, heard.wait_for(|&count| count > before))
+        .await
+        .expect("the other node hears the notice through Redis")
+        .expect("the notices are open");
+    drop((announcing, hearing));
+    poll().until("every subscription to end with its node", async || scratch.subscribers(&channel) == 0).await;
+}

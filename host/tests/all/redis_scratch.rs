@@ -82,6 +82,22 @@ impl Scratch {
             .collect()
     }
 
+    /// How many connections subscribe to `channel`, over every master.
+    pub fn subscribers(&self, channel: &str) -> i64 {
+        masters(&self.url)
+            .expect("the Redis masters")
+            .into_iter()
+            .map(|node| {
+                let (_, count): (String, i64) = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(channel)
+                    .query(&mut plain(&node).expect("a plain connection"))
+                    .expect("PUBSUB NUMSUB");
+                count
+            })
+            .sum()
+    }
+
     /// The TTL of one of this test's keys, in ms (-1: none, -2: no such key).
     pub fn ttl_ms(&self, key: &str) -> i64 {
         let mut ttl = redis::cmd("PTTL");

@@ -11,22 +11,42 @@
 
 use super::{PluginHost, Slot};
 use crate::{
+    config::Hook,
     error::PluginError,
     kv::MemoryKv,
     limiter::MemoryLimiter,
     plugin::{Deps, Plugin, SHADOW, Source},
     samples::run_samples,
 };
+use std::collections::{BTreeMap, BTreeSet, btree_map::Entry};
 use std::sync::Arc;
 
-/// Hook calls held on this node while it lives ([`PluginHost::hold`]).
+/// The calls of some hooks held on this node while it lives ([`PluginHost::hold`]).
+#[derive(Default)]
 pub struct Hold {
-    _gate: tokio::sync::OwnedRwLockWriteGuard<()>,
+    gates: BTreeMap<Hook, tokio::sync::OwnedRwLockWriteGuard<()>>,
+}
+
+impl Hold {
+    /// The hooks whose calls are held.
+    pub fn hooks(&self) -> impl Iterator<Item = Hook> + '_ {
+        self.gates.keys().copied()
+    }
+
+    /// Lets the calls of every hook but `kept` go on.
+    pub fn keep_only(&mut self, kept: &BTreeSet<Hook>) {
+        self.gates.retain(|hook, _| kept.contains(hook));
+    }
+
+    /// Whether no call is held.
+    pub fn is_empty(&self) -> bool {
+        self.gates.is_empty()
+    }
 }
 
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Hold")
+        f.debug_tuple("Hold").field(&self.gates.keys().collect::<Vec<_>>()).finish()
     }
 }
 
@@ -34,6 +54,13 @@ impl std::fmt::Debug for Hold {
 #[derive(Clone)]
 pub struct Prepared {
     plugin: Arc<Plugin>,
+}
+
+impl Prepared {
+    /// The hooks this version takes part in.
+    pub fn hooks(&self) -> &[Hook] {
+        &self.plugin.hooks
+    }
 }
 
 impl std::fmt::Debug for Prepared {
@@ -138,12 +165,36 @@ impl PluginHost {
         self.swap(slots);
     }
 
-    /// Holds this node's hook calls: waits until every call under way is answered, then no
-    /// call starts until the [`Hold`] is dropped (they wait, they do not fail). A cluster
-    /// switching versions holds every node before any node serves the new version, so no
-    /// call is answered by the old version after one was answered by the new, on any node.
-    pub async fn hold(&self) -> Hold {
-        Hold { _gate: Arc::clone(&self.inner.gate).write_owned().await }
+    /// Holds this node's calls of `hooks`: waits until every call of them under way is
+    /// answered, then no call of them starts until the [`Hold`] is dropped (they wait, they
+    /// do not fail); calls of the other hooks go on. A cluster switching a plugin's versions
+    /// holds the plugin's hooks (old version's and new one's) on every node before any node
+    /// serves the new version, so no call is answered by the old version after one was
+    /// answered by the new, on any node.
+    pub async fn hold(&self, hooks: impl IntoIterator<Item = Hook>) -> Hold {
+        let mut hold = Hold::default();
+        self.hold_more(&mut hold, hooks).await;
+        hold
+    }
+
+    /// Adds `hooks` to `hold`, as [`hold`](Self::hold) does. Take one hold at a time on a
+    /// host (the node's follower does): a call passes one gate only, so nothing then waits
+    /// in a cycle.
+    pub async fn hold_more(&self, hold: &mut Hold, hooks: impl IntoIterator<Item = Hook>) {
+        let wanted: BTreeSet<Hook> = hooks.into_iter().collect();
+        for hook in wanted {
+            if let Entry::Vacant(slot) = hold.gates.entry(hook) {
+                slot.insert(Arc::clone(&self.inner.gates[hook.index()]).write_owned().await);
+            }
+        }
+    }
+
+    /// The hooks of the version of plugin `name` serving now (none when none does).
+    pub fn hooks_of(&self, name: &str) -> Vec<Hook> {
+        match self.inner.registry.load().slots.get(name) {
+            Some(Slot::Loaded(plugin)) => plugin.hooks.clone(),
+            _ => Vec::new(),
+        }
     }
 
     /// Marks `names` as managed by the registry before anything of theirs is installed, so

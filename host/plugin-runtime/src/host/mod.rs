@@ -48,9 +48,10 @@ pub(crate) struct Inner {
     managed: parking_lot::Mutex<std::collections::BTreeSet<String>>,
     /// Folder files passed over because the registry deploys their plugin, by file stem.
     overridden: parking_lot::Mutex<Vec<String>>,
-    /// Every hook call holds it shared for its whole length; a cluster's switch of versions
-    /// holds it exclusively (`deployed.rs`, [`PluginHost::hold`]).
-    pub gate: Arc<tokio::sync::RwLock<()>>,
+    /// Per hook: every call of the hook holds it shared for its whole length; a cluster's
+    /// switch of a plugin's versions holds the gates of that plugin's hooks exclusively
+    /// (`deployed.rs`, [`PluginHost::hold`]), so the other hooks' calls go on.
+    pub gates: [Arc<tokio::sync::RwLock<()>>; Hook::ALL.len()],
 }
 
 /// Herald's plugin runtime: loads plugin components, calls their hooks under the sandbox's
@@ -108,7 +109,7 @@ impl PluginHost {
                 dir: parking_lot::Mutex::new(None),
                 managed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
                 overridden: parking_lot::Mutex::new(Vec::new()),
-                gate: Arc::new(tokio::sync::RwLock::new(())),
+                gates: Default::default(),
             }),
         })
     }

@@ -206,3 +206,35 @@ async fn a_component_rewritten_in_place_with_its_old_size_and_time_is_read_again
     assert_ne!(t.status("echo").content_hash, before);
     assert_eq!(version(&t).await, rewrite("echo-v9"));
 }
+
+/// A registry switch holds the calls of the switching plugin's hooks only: while it holds,
+/// a call of another hook is answered, one of the plugin's hook waits, and that one is
+/// answered by the new version once the hold ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_holds_the_calls_of_the_plugins_hooks_and_no_others() {
+    use herald_plugin_runtime::Hook;
+    use herald_plugin_runtime::types::{ConnectDecision, ConnectRequest};
+    let t = TestHost::new(no_quarantine());
+    let wasm = |krate: &str| std::fs::read(built().guests.join(format!("{krate}.wasm"))).expect("a built guest");
+    let v1 = t.host.prepare("echo", false, wasm("echo_v1"), "").await.expect("v1 prepares");
+    t.host.install("echo", Some(&v1), None).await;
+    assert_eq!(version(&t).await, rewrite("echo-v1"));
+    let v2 = t.host.prepare("echo", false, wasm("echo_v2"), "").await.expect("v2 prepares");
+    assert_eq!(t.host.hooks_of("echo"), [Hook::MessagePolicy]);
+    assert_eq!(v2.hooks(), [Hook::MessagePolicy]);
+
+    let hold = t.host.hold(t.host.hooks_of("echo").into_iter().chain(v2.hooks().iter().copied())).await;
+    assert_eq!(hold.hooks().collect::<Vec<_>>(), [Hook::MessagePolicy]);
+    let held = tokio::spawn({
+        let host = t.host.clone();
+        async move { host.message_policy(&message("a", "room:x", "version?")).await }
+    });
+    let connect = ConnectRequest { user: "bob".into(), device: "d".into(), claims: vec![] };
+    let answered = tokio::time::timeout(Duration::from_secs(10), t.host.connect(&connect)).await;
+    assert_eq!(answered.expect("a call of another hook is not held"), ConnectDecision::Allow(None));
+    assert!(!held.is_finished(), "a call of the plugin's hook waits for the switch");
+
+    t.host.install("echo", Some(&v2), None).await;
+    drop(hold);
+    assert_eq!(held.await.expect("no panic"), rewrite("echo-v2"), "the held call is answered by the new version");
+}
