@@ -19,6 +19,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 pub type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -435,4 +437,16 @@ pub async fn barrier(herald: &Herald, receiver: &Recorded, conversation: &str) -
     assert_eq!(texts.last(), Some(&marker), "nothing arrives after the marker");
     texts.pop();
     texts
+}
+
+/// A stub server's handshake: answers with the first subprotocol offered, as Herald would.
+#[allow(clippy::result_large_err, reason = "the signature of tungstenite's handshake callback")]
+pub fn pick_first_subprotocol(request: &Request, mut response: Response) -> Result<Response, ErrorResponse> {
+    if let Some(offered) = request.headers().get("sec-websocket-protocol") {
+        let first = offered.to_str().unwrap_or("").split(',').next().unwrap_or("").trim().to_owned();
+        if let Ok(value) = HeaderValue::from_str(&first) {
+            response.headers_mut().insert("sec-websocket-protocol", value);
+        }
+    }
+    Ok(response)
 }

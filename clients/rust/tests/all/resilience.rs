@@ -9,13 +9,13 @@ use std::time::Duration;
 use futures_util::{SinkExt as _, StreamExt as _};
 use herald_client::{MemorySeqStore, SendError, SendOptions, Sent, State};
 use tokio::net::TcpListener;
-use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::{Message as WsMessage, http::HeaderValue};
 
 use crate::harness::{
-    Herald, Proxy, Recorded, TestResult, assert_stored_once, barrier, options, text, wait_for, within,
+    Herald, Proxy, Recorded, TestResult, assert_stored_once, barrier, options, pick_first_subprotocol, text, wait_for,
+    within,
 };
 
 const DM: &str = "dm:alice:bob";
@@ -220,16 +220,4 @@ async fn a_hung_attempt_times_out_and_close_abandons_the_pending_send() -> TestR
     }
     held.abort();
     Ok(())
-}
-
-/// The stub's handshake: answers with the first subprotocol offered, as Herald would.
-#[allow(clippy::result_large_err, reason = "the signature of tungstenite's handshake callback")]
-fn pick_first_subprotocol(request: &Request, mut response: Response) -> Result<Response, ErrorResponse> {
-    if let Some(offered) = request.headers().get("sec-websocket-protocol") {
-        let first = offered.to_str().unwrap_or("").split(',').next().unwrap_or("").trim().to_owned();
-        if let Ok(value) = HeaderValue::from_str(&first) {
-            response.headers_mut().insert("sec-websocket-protocol", value);
-        }
-    }
-    Ok(response)
 }
