@@ -30,9 +30,6 @@ use crate::wire::{self, Encoding, v1};
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-/// Largest frame read: the server's own default limit (PROTOCOL.md, close 1009).
-const MAX_FRAME_BYTES: usize = 1_048_576;
-
 /// How the loop over one phase ended.
 enum Step {
     Continue,
@@ -309,10 +306,12 @@ fn default_tls() -> Arc<rustls::ClientConfig> {
 async fn open(url: String, encoding: Encoding, tls: Arc<rustls::ClientConfig>) -> Result<Socket, String> {
     let mut request = url.as_str().into_client_request().map_err(|error| format!("cannot open {url}: {error}"))?;
     request.headers_mut().insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(encoding.subprotocol()));
-    let config = WebSocketConfig::default()
-        .read_buffer_size(4 * 1024)
-        .max_message_size(Some(MAX_FRAME_BYTES))
-        .max_frame_size(Some(MAX_FRAME_BYTES));
+    // The server's frames are read whatever their size. PROTOCOL.md's 1 MiB (close 1009)
+    // bounds what the server reads, not what it writes: a `history`, `sync` or `subscribed`
+    // reply holds a page of messages (up to `delivery.max_page`, 500), each up to that size.
+    // Under any lower cap such a reply could never be read: the client would drop the socket,
+    // ask again on the next connection, and go round for ever.
+    let config = WebSocketConfig::default().read_buffer_size(4 * 1024).max_message_size(None).max_frame_size(None);
     let connector = Some(Connector::Rustls(tls));
     let (socket, response) = tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector)
         .await

@@ -1,5 +1,6 @@
 //! The client's own edges, against a real Herald: `wss://`, a `close()` that waits for the
-//! deliveries in the application's hands, and an application that reads its events late.
+//! deliveries in the application's hands, an application that reads its events late, and
+//! replies larger than a client's frames may be.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,5 +137,23 @@ async fn events_read_late_arrive_all_once_in_order() -> TestResult {
     assert_eq!(stored, sent);
     alice.client.close().await;
     bob.close().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_page_larger_than_a_client_frame_may_be_is_read() -> TestResult {
+    // 40 messages of 32 KiB: one page of them is a frame of 1.3 MiB, over the 1 MiB the
+    // server takes from a client, though within what it writes.
+    let herald = Herald::start(true, &[]).await;
+    let alice = Recorded::connect(options(&herald.url(), "alice", &MemorySeqStore::new()));
+    let padding = "x".repeat(32 * 1024);
+    let mut sent = Vec::new();
+    for i in 0..40 {
+        sent.push(alice.client.send(DM, format!("big-{i:02} {padding}"), SendOptions::default()).await?.message_id);
+    }
+    let page = within("a page of 1.3 MiB", LONG, alice.client.history(DM, 0, 100)).await?;
+    assert_eq!(page.messages.iter().map(|message| message.id).collect::<Vec<_>>(), sent);
+    assert!(alice.seen().disconnected.is_empty(), "answered on the connection that asked");
+    alice.client.close().await;
     Ok(())
 }
