@@ -42,7 +42,7 @@ mod wire;
 pub use backoff::BackoffOptions;
 pub use client::{Client, Events, uuid_v4};
 pub use error::{ClientError, SendError};
-pub use options::{AckMode, ClientOptions, SendOptions, Token, TokenFuture, TokenProvider, TokenReason};
+pub use options::{AckMode, ClientInfo, ClientOptions, SendOptions, Token, TokenFuture, TokenProvider, TokenReason};
 pub use store::{MemorySeqStore, SeqStore};
 pub use types::{
     ConnectedInfo, Delivery, DisconnectedInfo, Event, GoAwayInfo, HistoryPage, Message, ResumedInfo, RetryInfo, Sent,

@@ -86,6 +86,24 @@ pub enum AckMode {
     Manual,
 }
 
+/// What the client says it is: the `client` of the `connect` frame. Informational: the
+/// server neither checks it nor acts on it, so it may name the application rather than
+/// this library.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientInfo {
+    /// The software's name (default `herald-client-rust`).
+    pub name: String,
+    /// Its version (default this crate's).
+    pub version: String,
+}
+
+impl Default for ClientInfo {
+    /// This library: `herald-client-rust` and the crate's version.
+    fn default() -> Self {
+        Self { name: "herald-client-rust".to_owned(), version: env!("CARGO_PKG_VERSION").to_owned() }
+    }
+}
+
 /// Everything a client needs; [`ClientOptions::new`] fills in SPEC.md's defaults.
 #[derive(Clone)]
 pub struct ClientOptions {
@@ -123,6 +141,8 @@ pub struct ClientOptions {
     pub max_body_bytes: usize,
     /// Consecutive 4001 closes before the client gives up (3).
     pub max_auth_failures: u32,
+    /// Sent in `connect` as its `client` (default: this library's name and version).
+    pub client_info: ClientInfo,
     /// TLS for `wss://` URLs: `None` (the default) trusts the Mozilla roots (webpki-roots)
     /// with rustls on ring; give a config of your own for other roots or a client
     /// certificate (`herald_client::rustls` is the version this crate uses).
@@ -169,6 +189,7 @@ impl ClientOptions {
             catch_up_on_connect: true,
             max_body_bytes: 1_047_552,
             max_auth_failures: 3,
+            client_info: ClientInfo::default(),
             tls: None,
             event_capacity: 1_024,
             close_timeout: Duration::from_secs(5),

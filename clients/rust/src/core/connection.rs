@@ -50,10 +50,8 @@ impl Core {
             Token::Fixed(token) => token.clone(),
             Token::Provider(_) => self.token.clone().unwrap_or_default(),
         };
-        let client = Some(v1::ClientInfo {
-            name: "herald-client-rust".to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-        });
+        let info = &self.options.client_info;
+        let client = Some(v1::ClientInfo { name: info.name.clone(), version: info.version.clone() });
         let rid = self.rid();
         self.transmit(v1::Connect { token, device_id: self.options.device_id.clone(), client }.into(), rid);
     }

@@ -1,16 +1,22 @@
 //! The client's own edges, against a real Herald: `wss://`, a `close()` that waits for the
-//! deliveries in the application's hands, an application that reads its events late, and
-//! replies larger than a client's frames may be.
+//! deliveries in the application's hands, an application that reads its events late,
+//! replies larger than a client's frames may be, and what `connect` says the client is.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use herald_client::rustls::pki_types::CertificateDer;
 use herald_client::rustls::pki_types::pem::PemObject as _;
 use herald_client::rustls::{ClientConfig, RootCertStore};
-use herald_client::{Client, Event, MemorySeqStore, SendOptions, State};
+use herald_client::{Client, ClientInfo, Encoding, Event, MemorySeqStore, SendOptions, State};
+use herald_proto::v1::frame::Body;
+use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
 
-use crate::harness::{Herald, Recorded, TestResult, barrier, history_all, options, text, wait_for, within};
+use crate::harness::{
+    Herald, Recorded, TestResult, barrier, history_all, options, pick_first_subprotocol, text, wait_for, within,
+};
 
 const DM: &str = "dm:alice:bob";
 const LONG: Duration = Duration::from_secs(60);
@@ -155,5 +161,54 @@ async fn a_history_page_larger_than_a_client_frame_may_be_is_read() -> TestResul
     assert_eq!(page.messages.iter().map(|message| message.id).collect::<Vec<_>>(), sent);
     assert!(alice.seen().disconnected.is_empty(), "answered on the connection that asked");
     alice.client.close().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_names_the_client_info_of_the_options_or_the_library() -> TestResult {
+    // `client` is informational: Herald shows it nowhere. So a stub stands in for Herald and
+    // decodes the first frame of each connection with Herald's own codec.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("ws://{}/v1/ws", listener.local_addr()?);
+    let (decoded, mut connects) = tokio::sync::mpsc::unbounded_channel();
+    let stub = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let Ok(mut socket) = tokio_tungstenite::accept_hdr_async(stream, pick_first_subprotocol).await else {
+                continue;
+            };
+            let (data, encoding) = match socket.next().await {
+                Some(Ok(WsMessage::Binary(data))) => (data, herald_proto::Encoding::Proto),
+                Some(Ok(WsMessage::Text(text))) => (bytes::Bytes::from(text), herald_proto::Encoding::Json),
+                _ => continue,
+            };
+            let frame = herald_proto::decode_frame(data, encoding, &herald_proto::DecodeLimits::default());
+            let client = match frame.map(|frame| frame.body) {
+                Ok(Some(Body::Connect(connect))) => connect.client.map(|client| (client.name, client.version)),
+                other => panic!("the first frame is connect, got {other:?}"),
+            };
+            let _ = decoded.send((encoding, client));
+            // Held open, never answered: the client stays on this one attempt until closed.
+            tokio::spawn(async move { while socket.next().await.is_some() {} });
+        }
+    });
+
+    let mut named = options(&url, "alice", &MemorySeqStore::new());
+    named.client_info = ClientInfo { name: "acme-chat".to_owned(), version: "2.1.0".to_owned() };
+    let mut plain = options(&url, "bob", &MemorySeqStore::new());
+    plain.encoding = Encoding::Json;
+    for (options, expected) in
+        [(named, ("acme-chat", "2.1.0")), (plain, ("herald-client-rust", env!("CARGO_PKG_VERSION")))]
+    {
+        let encoding = match options.encoding {
+            Encoding::Proto => herald_proto::Encoding::Proto,
+            Encoding::Json => herald_proto::Encoding::Json,
+        };
+        let (client, _events) = Client::connect(options);
+        let (seen_encoding, seen) = within("the connect frame", LONG, connects.recv()).await.expect("the stub runs");
+        assert_eq!(seen_encoding, encoding);
+        assert_eq!(seen, Some((expected.0.to_owned(), expected.1.to_owned())), "connect names the client");
+        client.close().await;
+    }
+    stub.abort();
     Ok(())
 }
