@@ -1,6 +1,7 @@
 //! The client's own edges, against a real Herald: `wss://`, a `close()` that waits for the
-//! deliveries in the application's hands, an application that reads its events late,
-//! replies larger than a client's frames may be, and what `connect` says the client is.
+//! deliveries in the application's hands, an application that reads its events late (or
+//! so late that the server gives up on it), replies larger than a client's frames may be,
+//! and what `connect` says the client is.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 use crate::harness::{
-    Herald, Recorded, TestResult, barrier, history_all, options, pick_first_subprotocol, text, wait_for, within,
+    Herald, Recorded, TestResult, barrier, history_all, http, options, pick_first_subprotocol, text, wait_for, within,
 };
 
 const DM: &str = "dm:alice:bob";
@@ -162,6 +163,63 @@ async fn a_history_page_larger_than_a_client_frame_may_be_is_read() -> TestResul
     assert!(alice.seen().disconnected.is_empty(), "answered on the connection that asked");
     alice.client.close().await;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_the_server_gives_up_on_is_closed_with_4008_and_loses_nothing() -> TestResult {
+    // A send queue of 16 frames: once the socket's buffers are full, the 17th push waiting
+    // for bob makes the server close his connection as a slow consumer.
+    let herald = Herald::start(true, &[("HERALD_GATEWAY__SEND_QUEUE", "16")]).await;
+    let alice = Recorded::connect(options(&herald.url(), "alice", &MemorySeqStore::new()));
+    let mut bob_options = options(&herald.url(), "bob", &MemorySeqStore::new());
+    bob_options.event_capacity = 4;
+    let (bob, mut events) = Client::connect(bob_options);
+    within("bob connected", LONG, bob.connected()).await?;
+
+    // Bob's application reads nothing while alice sends 32 KiB messages, 8 at a time, until
+    // the server lets bob go (a few MiB fill the kernel's buffers first).
+    let padding = "x".repeat(32 * 1024);
+    let mut sent: Vec<(u64, String)> = Vec::new();
+    while !offline(&herald, "bob").await {
+        assert!(sent.len() < 1_000, "the server never gave up on bob after {} messages of 32 KiB", sent.len());
+        for _ in 0..8 {
+            let label = format!("slow-{:04}", sent.len());
+            let stored = alice.client.send(DM, format!("{label} {padding}"), SendOptions::default()).await?;
+            sent.push((stored.seq, label));
+        }
+    }
+    // Sent once bob was let go: it reaches him only on a new connection, after the close.
+    alice.client.send(DM, "the end", SendOptions::default()).await?;
+
+    // Now the application reads on: what the socket held, then the close, then the rest
+    // over the new connection.
+    let mut got: Vec<(u64, String)> = Vec::new();
+    let mut closes = Vec::new();
+    loop {
+        match within("bob's next event", LONG, events.next()).await {
+            Some(Event::Message(delivery)) if text(&delivery) == "the end" => break,
+            Some(Event::Message(delivery)) => {
+                let label = text(&delivery).split(' ').next().unwrap_or_default().to_owned();
+                got.push((delivery.seq, label));
+            }
+            Some(Event::Disconnected(info)) => closes.push((info.code, info.reconnect_in.is_some())),
+            Some(_) => {}
+            None => panic!("bob's events ended"),
+        }
+    }
+    assert_eq!(closes.first(), Some(&(4008, true)), "closed as a slow consumer, and reconnecting");
+    // Each send was awaited before the next: the order sent is the seq order.
+    assert_eq!(got, sent, "every message once, in seq order");
+    alice.client.close().await;
+    bob.close().await;
+    Ok(())
+}
+
+/// Whether no device of `user` is connected, as the server's presence says.
+async fn offline(herald: &Herald, user: &str) -> bool {
+    let (status, body) = http(herald.port, "GET", &format!("/v1/users/{user}/presence"), "").await;
+    assert_eq!(status, 200, "presence: {body}");
+    body.contains(r#""online":false"#)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
