@@ -1,8 +1,10 @@
 //! Integration tests of the Herald examples, in one binary to save link time: the relay
-//! with real protocol clients, the load generator against the relay, and the shipped
-//! binaries end to end. Everything listens on 127.0.0.1 port 0.
+//! with real protocol clients, the load generator against the relay, the shipped binaries
+//! end to end, and `herald-chat` against a real Herald (`HERALD_BIN`, default the
+//! workspace's debug build). Everything listens on 127.0.0.1 port 0.
 
 mod binaries;
+mod chat_on_herald;
 mod loadgen;
 mod relay_chat;
 
