@@ -60,10 +60,10 @@ cargo test --workspace --locked "$@"
 # The TypeScript client library against the debug Herald the tests just built: its unit
 # tests and the conformance scenarios of clients/SPEC.md, each on a Herald of its own.
 say "TypeScript client (clients/typescript): npm ci, build, tests, npm pack"
-HERALD_BIN=target/debug/herald clients/typescript/run-tests.sh
+HERALD_BIN=${CARGO_TARGET_DIR:-target}/debug/herald clients/typescript/run-tests.sh
 # The web chat page (built above, embedded in that Herald) in headless Chromium.
 say "web chat page (examples/web) in headless Chromium"
-HERALD_BIN=target/debug/herald examples/web/run-tests.sh
+HERALD_BIN=${CARGO_TARGET_DIR:-target}/debug/herald examples/web/run-tests.sh
 say "Rust client (clients/rust) packs as a crate of its own (its conformance scenarios ran above)"
 cargo package -p herald-client --no-verify --allow-dirty --locked >/dev/null 2>&1 \
     || die "herald-client does not package: run cargo package -p herald-client --no-verify --allow-dirty to see why"

@@ -88,7 +88,10 @@ export interface ClientOptions {
   readonly catchUpOnConnect?: boolean;
   /** Largest send body, in bytes, refused locally above it (default 1 MiB less framing). */
   readonly maxBodyBytes?: number;
-  /** `client` of `connect`, for the server's logs. */
+  /**
+   * `client` of `connect`: names the client software to the server (informational only;
+   * the server does not act on it).
+   */
   readonly clientInfo?: { readonly name: string; readonly version: string };
   /** Consecutive 4001 closes before the client gives up (default 3). */
   readonly maxAuthFailures?: number;
