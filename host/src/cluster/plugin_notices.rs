@@ -44,11 +44,12 @@ impl Drop for RedisNotices {
 }
 
 impl RedisNotices {
-    /// Starts listening on the Redis at `url` (unless it is a Redis Cluster).
-    pub fn start(redis: RedisConnection, keys: &KeyPrefix, url: &str) -> Arc<Self> {
+    /// Starts listening on the Redis at `url` when `subscribe` (and unless it is a Redis
+    /// Cluster); publishing needs no subscription.
+    pub fn start(redis: RedisConnection, keys: &KeyPrefix, url: &str, subscribe: bool) -> Arc<Self> {
         let channel = format!("{}plugins:deployed", keys.as_str());
         let local = Arc::new(LocalNotices::default());
-        let listener = (!url.starts_with("redis+cluster://"))
+        let listener = (subscribe && !url.starts_with("redis+cluster://"))
             .then(|| tokio::spawn(listen(url.to_owned(), channel.clone(), Arc::clone(&local))).abort_handle());
         Arc::new(Self { redis, channel, local, listener })
     }

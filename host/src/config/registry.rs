@@ -20,6 +20,11 @@ pub struct PluginRegistryConfig {
     /// How often a node reads the registry's generations, ms: the backstop for a missed
     /// notice (Redis pub/sub in cluster mode; a notice in the process in embedded mode).
     pub poll_ms: u64,
+    /// Whether this node subscribes to the deploy notices (cluster mode: Redis pub/sub).
+    /// Off, it follows the registry at its poll alone, as on a Redis Cluster: for a Redis
+    /// that does not allow `SUBSCRIBE`. It still publishes its own notices, so the other
+    /// nodes hear its deploys at once; every deploy then waits up to a poll for it.
+    pub notices: bool,
     /// How long a deploy waits for every live node to report the version ready (compiled
     /// and warmed), then for every node to serve it, ms. Past it the deploy is aborted,
     /// naming the nodes that did not answer.
@@ -31,7 +36,7 @@ pub struct PluginRegistryConfig {
 
 impl Default for PluginRegistryConfig {
     fn default() -> Self {
-        Self { max_component_bytes: 8 << 20, poll_ms: 2_000, deploy_timeout_ms: 30_000, cache_dir: None }
+        Self { max_component_bytes: 8 << 20, poll_ms: 2_000, notices: true, deploy_timeout_ms: 30_000, cache_dir: None }
     }
 }
 

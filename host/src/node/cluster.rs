@@ -214,7 +214,7 @@ impl Cluster {
     /// live members as the nodes a deploy waits for.
     pub(super) fn plugin_registry(&self, config: &Config, store: Arc<dyn PluginRegistryStore>) -> RegistryWiring {
         let url = config.cluster.redis_url.as_deref().unwrap_or_default();
-        let notices = RedisNotices::start(self.redis.clone(), &self.keys, url);
+        let notices = RedisNotices::start(self.redis.clone(), &self.keys, url, config.plugin_registry.notices);
         let membership = Arc::clone(&self.membership);
         let live: LiveNodes = Arc::new(move || membership.members().into_iter().map(|(node, _)| node).collect());
         RegistryWiring::new(config, store, notices, live, self.this_node())

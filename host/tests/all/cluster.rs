@@ -489,8 +489,8 @@ async fn client_urls_are_published_replaced_and_withdrawn_per_node() {
 async fn deploy_notices_reach_the_other_nodes_and_each_subscription_ends_with_its_node() {
     let scratch = Scratch::new().await;
     let channel = format!("{}plugins:deployed", scratch.keys.as_str());
-    let announcing = RedisNotices::start(scratch.redis.clone(), &scratch.keys, &scratch.url);
-    let hearing = RedisNotices::start(scratch.redis.clone(), &scratch.keys, &scratch.url);
+    let announcing = RedisNotices::start(scratch.redis.clone(), &scratch.keys, &scratch.url, true);
+    let hearing = RedisNotices::start(scratch.redis.clone(), &scratch.keys, &scratch.url, true);
     let mut heard = hearing.subscribe();
     if scratch.url.starts_with("redis+cluster://") {
         let own = announcing.subscribe();
