@@ -2,8 +2,9 @@
 //! nothing), deploys, shadows, promotions and rollbacks through `herald plugin push` /
 //! `deploy` and the admin API, the audit trail; on one embedded node, and on three cluster
 //! nodes on PostgreSQL and on MariaDB, where every node switches together, a node that
-//! cannot warm a version aborts the deploy everywhere, and a node that was down serves the
-//! registry's version from its first connection.
+//! cannot warm a version aborts the deploy everywhere, a node that was down serves the
+//! registry's version from its first connection, a shadow's comparisons are summed over the
+//! nodes, and a canary that fails on one node is rolled back on all of them.
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -336,4 +337,122 @@ async fn a_deploy_switches_every_node_at_one_moment_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deploy_switches_every_node_at_one_moment_on_mariadb() {
     a_deploy_switches_every_node_at_one_moment(Backend::MySql).await;
+}
+
+/// The hostile guest as version 2.0.0 of `echo`: it allows every message but traps on the
+/// body `panic`, and a failed call lets the message through.
+const HOSTILE_V2: &str = "name = \"echo\"\nversion = \"2.0.0\"\n[failure]\nmessage-policy = \"allow\"\n";
+
+/// A conversation of `user` whose owner is node `at`, found by asking the route table.
+async fn owned_by(nodes: &Nodes, at: usize, user: &str) -> String {
+    for k in 0..200 {
+        let conversation = dm(user, &format!("peer{k}"));
+        if nodes.owner_of(0, user, &conversation).await == at {
+            return conversation;
+        }
+    }
+    panic!("no conversation of {user} is owned by node {at}")
+}
+
+/// `echo`'s entry in the registry listing of `herald`.
+async fn echo_entry(herald: &Herald) -> Value {
+    let plugins = registry(herald).await["plugins"].as_array().cloned().unwrap_or_default();
+    plugins.into_iter().find(|p| p["name"] == "echo").unwrap_or(Value::Null)
+}
+
+/// A shadow runs on every node and its comparisons are summed over them; a promoted
+/// version that fails on one node only (its failures there cross the canary's bound, the
+/// sum over the nodes does not) is rolled back on every node, the history naming the node.
+async fn a_shadow_is_summed_over_the_nodes_and_a_canary_failing_on_one_rolls_back_everywhere(backend: Backend) {
+    let settings = [
+        ("PLUGIN_REGISTRY__POLL_MS", "200"),
+        ("PLUGIN_RUNTIME__CANARY__MIN_CALLS", "5"),
+        ("PLUGIN_RUNTIME__CANARY__MAX_FAILURE_RATIO", "0.3"),
+        // Latency is not what this test is about: a loaded machine must not roll back.
+        ("PLUGIN_RUNTIME__CANARY__MIN_P99_US", "60000000"),
+    ];
+    let nodes = Nodes::start_with(3, backend, &settings).await;
+    push(&nodes.nodes[0], "echo_v1", ECHO_V1);
+    cli(&nodes.nodes[0], &["deploy", "echo", "1.0.0"]).expect("deploy 1.0.0");
+    push(&nodes.nodes[0], "hostile", HOSTILE_V2);
+    cli(&nodes.nodes[1], &["deploy", "echo", "2.0.0", "--shadow"]).expect("deploy 2.0.0 as shadow");
+
+    // One sender per node, each writing in a conversation that node owns, where the
+    // message policy (and so the shadow) runs.
+    let mut senders = Vec::new();
+    for at in 0..3 {
+        let user = format!("owner{at}sender");
+        let conversation = owned_by(&nodes, at, &user).await;
+        senders.push((Client::connect(&nodes.nodes[at], &user, "phone").await, conversation));
+    }
+    const EACH: u64 = 10;
+    for (client, conversation) in &mut senders {
+        for _ in 0..EACH {
+            // `echo` 1.0.0 rewrites `version?`; the shadow allows it as it is: a difference.
+            assert_eq!(client.send(conversation, "version?").await.status(), Status::Ok);
+        }
+    }
+    let everything = 3 * EACH;
+    let summed = poll()
+        .until("every node's shadow comparisons to be reported and summed", async || {
+            let echo = echo_entry(&nodes.nodes[2]).await;
+            let summed = echo["shadow_summed"].clone();
+            (summed["compared"] == everything).then_some(echo)
+        })
+        .await;
+    assert_eq!(summed["shadow_summed"]["differed"], everything, "{summed}");
+    let per_node: Vec<u64> = summed["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|node| node["shadow_status"]["compared"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(per_node, [EACH; 3], "each node compared what it decided: {summed}");
+
+    let promoted = nodes.nodes[0].post("/admin/plugins/echo/promote", Some(DEV_KEY), &json!({})).await;
+    assert_eq!(promoted.status, 200, "{}", promoted.body);
+    for node in &nodes.nodes {
+        poll()
+            .until("every node to serve the promoted version", async || {
+                serving(node, "echo").await.as_deref() == Some("2.0.0")
+            })
+            .await;
+    }
+    // Node 2's calls all fail; the other two nodes' calls all pass, enough of them that the
+    // ratio summed over the nodes stays under the bound.
+    let (failing, passing) = (6, 30);
+    for (at, (client, conversation)) in senders.iter_mut().enumerate() {
+        let (body, count) = if at == 2 { ("panic", failing) } else { ("hello", passing) };
+        for _ in 0..count {
+            assert_eq!(client.send(conversation, body).await.status(), Status::Ok, "a failed call lets it through");
+        }
+    }
+    for node in &nodes.nodes {
+        poll()
+            .until("every node to serve the previous version again", async || {
+                serving(node, "echo").await.as_deref() == Some("1.0.0")
+            })
+            .await;
+    }
+    let response = nodes.nodes[1].get("/admin/plugins/echo/history", Some(DEV_KEY)).await;
+    let rows = response.json()["history"].as_array().cloned().unwrap_or_default();
+    let rollback = rows.iter().rev().find(|row| row["action"] == "rollback").cloned().expect("a rollback");
+    let failing_node = nodes.node_id(2).await;
+    let detail = rollback["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with(&format!("canary: node {failing_node}: ")),
+        "the node that crossed is named: {rollback}"
+    );
+    assert_eq!(echo_entry(&nodes.nodes[0]).await["canary"]["state"], "rolled_back");
+    nodes.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_is_summed_over_the_nodes_and_a_canary_failing_on_one_rolls_back_everywhere_on_postgres() {
+    a_shadow_is_summed_over_the_nodes_and_a_canary_failing_on_one_rolls_back_everywhere(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_is_summed_over_the_nodes_and_a_canary_failing_on_one_rolls_back_everywhere_on_mariadb() {
+    a_shadow_is_summed_over_the_nodes_and_a_canary_failing_on_one_rolls_back_everywhere(Backend::MySql).await;
 }
