@@ -3,6 +3,8 @@
 //! calls, the tier and why, the store's breaker, and charts that move while messages flow;
 //! the reload button reloads the plugins. A plugin with a shadow shows how the shadow's
 //! decisions differ, and its Promote button makes the shadow serve, watched as a canary.
+//! The plugin registry's section shows each version's state on each node and the audit
+//! trail.
 //! Screenshots are kept as test artifacts (`target/test-artifacts/admin-page*.png`).
 
 use std::path::PathBuf;
@@ -15,6 +17,7 @@ use serde_json::json;
 use super::cdp::{Browser, Page, js_string};
 use super::client::Client;
 use super::hostile::guest;
+use super::plugin_registry::{ECHO_V1, ECHO_V2, cli, push};
 use super::plugins::install;
 use super::server::{DEV_KEY, Herald};
 
@@ -366,4 +369,49 @@ async fn the_admin_page_shows_a_shadows_differences_and_its_buttons_promote_or_d
     assert!(!dir.path().join("echo.shadow.wasm").exists(), "the shadow's component is removed");
     let version = browser.run(&page, &format!("{row}.dataset.version")).await;
     assert_eq!(version, "2.0.0", "the promoted version still serves");
+}
+
+/// The registry's section: each version of a plugin with its state on this node (active,
+/// shadow), and the audit trail, newest first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_page_shows_the_registrys_versions_on_each_node_and_its_history() {
+    let herald = Herald::with().set("PLUGIN_REGISTRY__POLL_MS", 200).start().await;
+    push(&herald, "echo_v1", ECHO_V1);
+    cli(&herald, &["deploy", "echo", "1.0.0"]).expect("deploy 1.0.0");
+    push(&herald, "echo_v2", ECHO_V2);
+    cli(&herald, &["deploy", "echo", "2.0.0", "--shadow"]).expect("deploy 2.0.0 as shadow");
+    let node = herald.get("/admin/cluster", Some(DEV_KEY)).await.json()["this_node"].to_string();
+
+    let (mut browser, page) = open_admin_page(&herald).await;
+    log_in(&mut browser, &page, DEV_KEY).await;
+    // Versions and node ids are plain (digits and dots): safe inside the selector's quotes.
+    let cell = |version: &str| {
+        format!(
+            "document.querySelector('.registry-plugin[data-plugin=\"echo\"] tr[data-version=\"{version}\"] \
+             td[data-node=\"{node}\"]')"
+        )
+    };
+    let states = browser
+        .wait_until(
+            &page,
+            &format!(
+                "(() => {{ const a = {}, b = {}; return a && b && a.dataset.state === 'active' \
+                 && b.dataset.state === 'shadow' ? [a.dataset.state, b.dataset.state] : null; }})()",
+                cell("1.0.0"),
+                cell("2.0.0")
+            ),
+            "both versions with their state on this node",
+            PAGE_WAIT,
+        )
+        .await;
+    assert_eq!(states, json!(["active", "shadow"]));
+    let actions = browser
+        .run(
+            &page,
+            "[...document.querySelectorAll('.registry-plugin[data-plugin=\"echo\"] table.history tr[data-action]')]\
+             .map((row) => row.dataset.action)",
+        )
+        .await;
+    assert_eq!(actions, json!(["deploy-shadow", "upload", "deploy", "upload"]), "newest first");
+    browser.screenshot(&page, 1280, 1400, &artifact("admin-page-registry.png")).await;
 }

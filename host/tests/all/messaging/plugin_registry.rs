@@ -26,8 +26,8 @@ use super::nodes::Nodes;
 use super::server::{DEV_KEY, Herald};
 use crate::support::poll::poll;
 
-const ECHO_V1: &str = "name = \"echo\"\nversion = \"1.0.0\"\n";
-const ECHO_V2: &str = "name = \"echo\"\nversion = \"2.0.0\"\n";
+pub(super) const ECHO_V1: &str = "name = \"echo\"\nversion = \"1.0.0\"\n";
+pub(super) const ECHO_V2: &str = "name = \"echo\"\nversion = \"2.0.0\"\n";
 const WF: &str = "name = \"wf\"\nversion = \"1.0.0\"\n[config]\nblocked_words = [\"spam\"]\n";
 
 /// `PUT /admin/plugins/{name}/versions/{version}` with raw bytes and the manifest header.
@@ -55,7 +55,7 @@ async fn put(herald: &Herald, name: &str, version: &str, component: &[u8], manif
 }
 
 /// Runs `herald plugin ARGS… --url URL --key dev-key`; its stdout, or its stderr as the error.
-fn cli(herald: &Herald, args: &[&str]) -> Result<Value, String> {
+pub(super) fn cli(herald: &Herald, args: &[&str]) -> Result<Value, String> {
     cli_on(herald.port, args)
 }
 
@@ -81,7 +81,7 @@ fn manifest_file(dir: &tempfile::TempDir, file: &str, text: &str) -> String {
     path.display().to_string()
 }
 
-fn push(herald: &Herald, krate: &str, manifest: &str) -> Value {
+pub(super) fn push(herald: &Herald, krate: &str, manifest: &str) -> Value {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = manifest_file(&dir, "plugin.toml", manifest);
     let wasm = guest(krate).display().to_string();
