@@ -65,6 +65,12 @@ pub const IDLE_TRANSACTION: Duration = Duration::from_secs(5);
 /// [`IDLE_TRANSACTION`] as MariaDB takes it (whole seconds).
 const MARIADB_IDLE_TRANSACTION: &str = "SET SESSION idle_transaction_timeout = 5";
 
+/// How long a node waits for another node's migrations on MySQL/MariaDB.
+const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(300);
+/// The named lock nodes take in turn to migrate one MySQL/MariaDB database.
+const MYSQL_MIGRATE_LOCK: &str = "SELECT GET_LOCK(CONCAT('herald-migrate:', DATABASE()), ?)";
+const MYSQL_MIGRATE_UNLOCK: &str = "SELECT RELEASE_LOCK(CONCAT('herald-migrate:', DATABASE()))";
+
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/mysql");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");
@@ -422,7 +428,29 @@ impl Database {
         reworded::accept_rewording(&self.writer, migrator, self.backend()).await?;
         match &self.writer {
             Pool::Sqlite(pool) => SQLITE_MIGRATIONS.run(pool).await?,
-            Pool::MySql(pool) => MYSQL_MIGRATIONS.run(pool).await?,
+            Pool::MySql(pool) => {
+                // sqlx's own lock asks `GET_LOCK` to wait for ever with a negative timeout,
+                // which MariaDB answers at once without the lock: nodes starting together
+                // on a new database would apply the same migration twice. A named lock of
+                // Herald's own, held on a connection of its own, covers the whole run.
+                let mut holder = pool.acquire().await?;
+                let (got,): (Option<i64>,) = sqlx::query_as(MYSQL_MIGRATE_LOCK)
+                    .bind(MIGRATE_LOCK_WAIT.as_secs())
+                    .fetch_one(&mut *holder)
+                    .await?;
+                if got != Some(1) {
+                    return Err(StoreError::Unavailable(format!(
+                        "another node held the migration lock for {} s",
+                        MIGRATE_LOCK_WAIT.as_secs()
+                    )));
+                }
+                let run = MYSQL_MIGRATIONS.run(pool).await;
+                // A lock left held ends with its connection, so a failed release is dropped.
+                if sqlx::query(MYSQL_MIGRATE_UNLOCK).execute(&mut *holder).await.is_err() {
+                    holder.detach();
+                }
+                run?;
+            }
             Pool::Postgres(pool) => POSTGRES_MIGRATIONS.run(pool).await?,
         }
         Ok(migrator.iter().count())

@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 
-use sqlx::migrate::{Migrate, Migrator};
+use sqlx::migrate::Migrator;
 
 use super::{Backend, Pool, StoreError};
 
@@ -69,29 +69,44 @@ pub(super) async fn accept_rewording(pool: &Pool, migrator: &Migrator, backend: 
     if changes.is_empty() {
         return Ok(());
     }
-    // The table is sqlx's; creating it here (as sqlx would) lets the update run on a new
-    // database too.
+    // The table is sqlx's, and only sqlx creates it, under its migration lock: nodes
+    // starting together on a new database would race to create it (PostgreSQL refuses the
+    // second CREATE TABLE IF NOT EXISTS). A database without it has nothing to rewrite, and
+    // an UPDATE racing another node's migration is harmless.
     let table = &migrator.table_name;
     macro_rules! rewrite {
-        ($pool:expr, $update:literal) => {{
-            let mut connection = $pool.acquire().await?;
-            connection.ensure_migrations_table(table).await?;
-            for (version, shipped, current) in &changes {
-                sqlx::query(sqlx::AssertSqlSafe(format!($update, table = table)))
-                    .bind(current.as_ref())
-                    .bind(*version)
-                    .bind(shipped.as_slice())
-                    .execute(&mut *connection)
-                    .await?;
+        ($pool:expr, $exists:literal, $update:literal) => {{
+            let (exists,): (i64,) =
+                sqlx::query_as(sqlx::AssertSqlSafe(format!($exists, table = table))).fetch_one($pool).await?;
+            if exists == 1 {
+                for (version, shipped, current) in &changes {
+                    sqlx::query(sqlx::AssertSqlSafe(format!($update, table = table)))
+                        .bind(current.as_ref())
+                        .bind(*version)
+                        .bind(shipped.as_slice())
+                        .execute($pool)
+                        .await?;
+                }
             }
         }};
     }
     match pool {
-        Pool::Sqlite(pool) => rewrite!(pool, "UPDATE {table} SET checksum = ? WHERE version = ? AND checksum = ?"),
-        Pool::MySql(pool) => rewrite!(pool, "UPDATE {table} SET checksum = ? WHERE version = ? AND checksum = ?"),
-        Pool::Postgres(pool) => {
-            rewrite!(pool, "UPDATE {table} SET checksum = $1 WHERE version = $2 AND checksum = $3");
-        }
+        Pool::Sqlite(pool) => rewrite!(
+            pool,
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{table}')",
+            "UPDATE {table} SET checksum = ? WHERE version = ? AND checksum = ?"
+        ),
+        Pool::MySql(pool) => rewrite!(
+            pool,
+            "SELECT CAST(EXISTS (SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() \
+             AND table_name = '{table}') AS SIGNED)",
+            "UPDATE {table} SET checksum = ? WHERE version = ? AND checksum = ?"
+        ),
+        Pool::Postgres(pool) => rewrite!(
+            pool,
+            "SELECT CAST(CASE WHEN to_regclass('{table}') IS NULL THEN 0 ELSE 1 END AS BIGINT)",
+            "UPDATE {table} SET checksum = $1 WHERE version = $2 AND checksum = $3"
+        ),
     }
     Ok(())
 }

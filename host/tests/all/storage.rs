@@ -67,6 +67,31 @@ async fn migrations_apply_on_empty_database_and_again_as_noop(backend: Backend) 
     db.drop_database().await;
 }
 
+/// Three nodes starting at once on a database nothing has migrated: each migrates (the
+/// migrations apply once, under a lock), none fails. Cluster backends only: an SQLite file
+/// belongs to one embedded node.
+async fn nodes_starting_together_on_a_new_database_each_migrate_it(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let (second, third) = (db.another_node().await, db.another_node().await);
+    let (a, b, c) = tokio::join!(db.database.migrate(), second.migrate(), third.migrate());
+    let applied = a.expect("the first node migrates");
+    assert_eq!(b.expect("the second node migrates"), applied);
+    assert_eq!(c.expect("the third node migrates"), applied);
+    second.close().await;
+    third.close().await;
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn nodes_starting_together_on_a_new_postgres_database_each_migrate_it() {
+    nodes_starting_together_on_a_new_database_each_migrate_it(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn nodes_starting_together_on_a_new_mariadb_database_each_migrate_it() {
+    nodes_starting_together_on_a_new_database_each_migrate_it(Backend::MySql).await;
+}
+
 /// A migration whose comments were reworded after it shipped: a database that applied the
 /// old text opens (and records the new text's checksum); one whose recorded checksum is
 /// anything else is refused, as it was.
