@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse};
 use serde_json::{Value, json};
 
-use super::{ApiError, path_params, require_key};
+use super::{ApiError, key_id, path_params, require_key};
 use crate::health::TIMELINE_POINTS;
 use crate::model::{ConversationId, UserId};
 use crate::node::Node;
@@ -30,14 +31,26 @@ pub async fn page() -> impl IntoResponse {
     ([(header::CONTENT_SECURITY_POLICY, policy), (header::CACHE_CONTROL, "no-store")], Html(ADMIN_PAGE))
 }
 
-pub(super) fn require_admin_key(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
-    require_key(node, headers, &node.config().api.admin_keys, "admin key")
+/// A request made with an admin key (`api.admin_keys`; `dev-key` in dev mode), checked
+/// before anything else of the request is read: a handler that takes one (before its body)
+/// runs for an admin only, and anyone else gets `401` whatever the rest of the request.
+/// `key_id` names the key in the audit trail: a digest, never the key.
+pub(super) struct Admin {
+    pub key_id: String,
+}
+
+impl FromRequestParts<Arc<Node>> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, node: &Arc<Node>) -> Result<Self, ApiError> {
+        require_key(node, &parts.headers, &node.config().api.admin_keys, "admin key")?;
+        Ok(Self { key_id: key_id(&parts.headers) })
+    }
 }
 
 /// `GET /admin/plugins`: name, version, content hash, hooks, calls, failures, p99 call
 /// time and state (with the last load error) of every plugin.
-pub async fn plugins(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
+pub async fn plugins(State(node): State<Arc<Node>>, _admin: Admin) -> Result<Json<Value>, ApiError> {
     let registry = match node.plugin_registry().listing().await {
         Ok(listing) => listing,
         // The folder's plugins are still worth showing while the database does not answer.
@@ -49,8 +62,7 @@ pub async fn plugins(State(node): State<Arc<Node>>, headers: HeaderMap) -> Resul
 
 /// `GET /admin/health`: the last health sample, the delivery tier chosen from it and why,
 /// and the circuit breakers.
-pub async fn health(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
+pub async fn health(State(node): State<Arc<Node>>, _admin: Admin) -> Result<Json<Value>, ApiError> {
     Ok(Json(json!({
         "tier": node.vitals().tier(),
         "tier_reason": node.vitals().tier_reason(),
@@ -62,8 +74,7 @@ pub async fn health(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result
 /// `GET /admin/series`: one point per health sample (`delivery.degrade_interval_ms`) over
 /// the last [`TIMELINE_POINTS`] samples, oldest first: messages stored per second, the
 /// send→deliver-ack p99, connections and the send backlog.
-pub async fn series(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
+pub async fn series(State(node): State<Arc<Node>>, _admin: Admin) -> Result<Json<Value>, ApiError> {
     Ok(Json(json!({
         "interval_ms": node.config().delivery.degrade_interval_ms,
         "capacity": TIMELINE_POINTS,
@@ -87,10 +98,9 @@ pub struct RouteQuery {
 /// under `cluster.placement`; `null` without placement).
 pub async fn route(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
+    _admin: Admin,
     query: Result<Query<RouteQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
     let Query(query) = query.map_err(|error| ApiError::rejected(error.status(), error.body_text()))?;
     let invalid = |message: String| ApiError::bad_request(message);
     let user = UserId::parse(&query.user).map_err(|error| invalid(error.to_string()))?;
@@ -131,8 +141,7 @@ pub async fn route(
 /// a stale nginx); in cluster mode also the live members with their addresses, this node's
 /// lease and its circuit breakers (on Redis, and on each peer it called). Embedded mode is
 /// one node owning every key.
-pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
+pub async fn cluster(State(node): State<Arc<Node>>, _admin: Admin) -> Result<Json<Value>, ApiError> {
     let view = node.ring();
     let ring = &view.ring;
     let nodes = ring.nodes().iter().map(|id| json!({ "id": id, "points": ring.points_of(*id) })).collect::<Vec<_>>();
@@ -163,8 +172,7 @@ pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Resul
 }
 
 /// `POST /admin/plugins/reload`: reloads the plugins folder now.
-pub async fn reload(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
+pub async fn reload(State(node): State<Arc<Node>>, _admin: Admin) -> Result<Json<Value>, ApiError> {
     let plugins = node
         .plugins()
         .reload()
@@ -179,11 +187,10 @@ pub async fn reload(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result
 /// being recorded already, 400 for bad options.
 pub async fn start_recording(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
+    _admin: Admin,
     name: Result<Path<String>, PathRejection>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
     let options = if body.iter().all(u8::is_ascii_whitespace) {
         RecordingOptions::default()
@@ -207,10 +214,9 @@ pub async fn start_recording(
 /// runs.
 pub async fn stop_recording(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
+    _admin: Admin,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
     match node.plugins().stop_recording(&name) {
         Some(status) => Ok(Json(json!({ "plugin": name, "recording": status }))),
@@ -226,14 +232,12 @@ pub async fn stop_recording(
 /// has no shadow.
 pub async fn promote(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
+    admin: Admin,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
     if node.plugins().managed().contains(&name) {
-        let key_id = super::key_id(&headers);
-        return Ok(Json(node.plugin_registry().promote(&name, &key_id).await?));
+        return Ok(Json(node.plugin_registry().promote(&name, &admin.key_id).await?));
     }
     match node.plugins().promote(&name).await {
         Ok(status) => Ok(Json(json!({ "plugin": status }))),
@@ -246,10 +250,9 @@ pub async fn promote(
 /// when it has none.
 pub async fn discard_shadow(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
+    _admin: Admin,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
     match node.plugins().discard_shadow(&name).await {
         Ok(true) => Ok(Json(json!({ "plugin": name, "shadow": null }))),

@@ -17,8 +17,8 @@ use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use super::admin::require_admin_key;
-use super::{ApiError, key_id, path_params};
+use super::admin::Admin;
+use super::{ApiError, path_params};
 use crate::node::Node;
 use crate::plugins::{RegistryError, Role, Upload};
 
@@ -45,11 +45,11 @@ impl From<RegistryError> for ApiError {
 /// version holds another component.
 pub async fn upload(
     State(node): State<Arc<Node>>,
+    admin: Admin,
     headers: HeaderMap,
     path: Result<Path<(String, String)>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    require_admin_key(&node, &headers)?;
     let (name, version) = path_params(path)?;
     let max = node.config().plugin_registry.max_component_bytes;
     let component = body.map_err(|rejection| {
@@ -82,7 +82,7 @@ pub async fn upload(
         version: version.clone(),
         component: component.to_vec(),
         manifest,
-        key_id: key_id(&headers),
+        key_id: admin.key_id,
     };
     let stored = node.plugin_registry().upload(upload).await?;
     let sha256 = crate::plugins::follow::hash(&component);
@@ -109,39 +109,36 @@ fn active() -> Role {
 /// another deploy of the plugin is under way.
 pub async fn deploy(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
+    admin: Admin,
     name: Result<Path<String>, PathRejection>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
     let request: DeployRequest = serde_json::from_slice(&body).map_err(|error| {
         ApiError::bad_request(format!(
             "the body must be {{\"version\": \"…\", \"as\": \"active\"|\"shadow\"}}: {error}"
         ))
     })?;
-    let answer = node.plugin_registry().deploy(&name, &request.version, request.role, &key_id(&headers)).await?;
+    let answer = node.plugin_registry().deploy(&name, &request.version, request.role, &admin.key_id).await?;
     Ok(Json(answer))
 }
 
 /// `POST /admin/plugins/{name}/rollback`: the previous active version back on every node.
 pub async fn rollback(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
+    admin: Admin,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
-    Ok(Json(node.plugin_registry().rollback(&name, &key_id(&headers), None).await?))
+    Ok(Json(node.plugin_registry().rollback(&name, &admin.key_id, None).await?))
 }
 
 /// `GET /admin/plugins/{name}/history`: the audit trail, oldest first.
 pub async fn history(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
+    _admin: Admin,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin_key(&node, &headers)?;
     let name = path_params(name)?;
     let history = node.plugin_registry().history(&name).await?;
     Ok(Json(json!({ "plugin": name, "history": history })))

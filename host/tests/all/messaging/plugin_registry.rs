@@ -135,6 +135,12 @@ async fn bad_uploads_are_refused_with_a_reason_and_leave_the_registry_unchanged(
     let (status, body) = put(&herald, "not.a.name", "1.0.0", &echo, "").await;
     assert_eq!(status, 400, "{body}");
 
+    // Without the admin key nothing else of a request is read: a bad body gets 401, not 400.
+    let unkeyed = herald.post("/admin/plugins/not.a.name/deploy", None, &json!("not a deploy")).await;
+    assert_eq!(unkeyed.status, 401, "{}", unkeyed.body);
+    let wrong = herald.post("/admin/plugins/echo/deploy", Some("not-the-key"), &json!({"version": "1.0.0"})).await;
+    assert_eq!(wrong.status, 401, "{}", wrong.body);
+
     let registry = registry(&herald).await;
     assert_eq!(registry["plugins"], json!([]), "{registry}");
     for name in ["junk", "future", "wf", "echo"] {
