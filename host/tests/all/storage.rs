@@ -102,25 +102,16 @@ async fn a_database_that_applied_a_migration_since_reworded_still_opens(backend:
     let recorded = |checksum: Vec<u8>, version: i64| {
         let pool = db.database.writer.clone();
         async move {
+            // The same statement on each driver; only PostgreSQL numbers its placeholders.
+            macro_rules! update {
+                ($pool:expr, $sql:literal) => {
+                    sqlx::query($sql).bind(checksum).bind(version).execute($pool).await.map(|done| done.rows_affected())
+                };
+            }
             let done = match &pool {
-                Pool::Sqlite(pool) => sqlx::query("UPDATE _sqlx_migrations SET checksum = ? WHERE version = ?")
-                    .bind(checksum)
-                    .bind(version)
-                    .execute(pool)
-                    .await
-                    .map(|done| done.rows_affected()),
-                Pool::MySql(pool) => sqlx::query("UPDATE _sqlx_migrations SET checksum = ? WHERE version = ?")
-                    .bind(checksum)
-                    .bind(version)
-                    .execute(pool)
-                    .await
-                    .map(|done| done.rows_affected()),
-                Pool::Postgres(pool) => sqlx::query("UPDATE _sqlx_migrations SET checksum = $1 WHERE version = $2")
-                    .bind(checksum)
-                    .bind(version)
-                    .execute(pool)
-                    .await
-                    .map(|done| done.rows_affected()),
+                Pool::Sqlite(pool) => update!(pool, "UPDATE _sqlx_migrations SET checksum = ? WHERE version = ?"),
+                Pool::MySql(pool) => update!(pool, "UPDATE _sqlx_migrations SET checksum = ? WHERE version = ?"),
+                Pool::Postgres(pool) => update!(pool, "UPDATE _sqlx_migrations SET checksum = $1 WHERE version = $2"),
             };
             assert_eq!(done.expect("the migrations table is written"), 1, "version {version} was applied");
         }
