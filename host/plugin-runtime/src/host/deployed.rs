@@ -37,11 +37,6 @@ impl Hold {
     pub fn keep_only(&mut self, kept: &BTreeSet<Hook>) {
         self.gates.retain(|hook, _| kept.contains(hook));
     }
-
-    /// Whether no call is held.
-    pub fn is_empty(&self) -> bool {
-        self.gates.is_empty()
-    }
 }
 
 impl std::fmt::Debug for Hold {

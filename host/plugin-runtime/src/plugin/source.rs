@@ -93,13 +93,7 @@ impl Source {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(source) => return Err(PluginError::Io { path: sidecar, source }),
         };
-        let mut h = Sha256::new();
-        h.update(content_hash.as_bytes());
-        if let Some((_, text)) = &manifest {
-            h.update([0]);
-            h.update(text.as_bytes());
-        }
-        let fingerprint = hex(&h.finalize());
+        let fingerprint = fingerprint(&content_hash, manifest.as_ref().map(|(_, text)| text.as_str()));
         Ok(Self { name, file, wasm, manifest, content_hash, fingerprint, stamp })
     }
 
@@ -110,13 +104,7 @@ impl Source {
         let content_hash = format!("sha256:{}", hex(&Sha256::digest(&wasm)));
         let label = PathBuf::from(format!("registry/{stem}.wasm"));
         let manifest = (!manifest.is_empty()).then(|| (label.with_extension("toml"), manifest.to_owned()));
-        let mut h = Sha256::new();
-        h.update(content_hash.as_bytes());
-        if let Some((_, text)) = &manifest {
-            h.update([0]);
-            h.update(text.as_bytes());
-        }
-        let fingerprint = hex(&h.finalize());
+        let fingerprint = fingerprint(&content_hash, manifest.as_ref().map(|(_, text)| text.as_str()));
         Self { name: stem.to_owned(), file: label, wasm: Some(wasm), manifest, content_hash, fingerprint, stamp: None }
     }
 
@@ -132,6 +120,18 @@ impl Source {
             .await
             .map_err(PluginError::Task)?
     }
+}
+
+/// What identifies a version: its component's hash and its manifest's text, so a manifest
+/// change alone makes a new version.
+fn fingerprint(content_hash: &str, manifest: Option<&str>) -> String {
+    let mut h = Sha256::new();
+    h.update(content_hash.as_bytes());
+    if let Some(text) = manifest {
+        h.update([0]);
+        h.update(text.as_bytes());
+    }
+    hex(&h.finalize())
 }
 
 fn hex(bytes: &[u8]) -> String {
