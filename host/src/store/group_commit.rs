@@ -208,6 +208,8 @@ async fn write_batches(
     // starts the next batch meanwhile (see `wal_sync`).
     let (to_sync, synced) = mpsc::unbounded_channel();
     let syncer = tokio::spawn(sync_and_report(database.clone(), synced, Arc::clone(&outstanding)));
+    // SQLite's writer has a thread of its own (`on_own_thread`), which may block on an fsync.
+    let in_place = database.backend() == Backend::Sqlite;
     let mut batch = Vec::with_capacity(max_batch);
     loop {
         // While this writer holds the receiver, the other writers are writing their batches;
@@ -234,7 +236,14 @@ async fn write_batches(
         latency.record(took);
         metrics::histogram!("herald_store_batch_seconds").record(took.as_secs_f64());
         tell_breaker(&breaker, &committed.results);
-        if committed.needs_sync() {
+        // Nothing waits to be written (or another writer, holding the queue, takes what
+        // comes), so there is nothing to overlap the fsync with: done here, it saves handing
+        // it to another thread and back.
+        let nothing_waits = || receiver.try_lock().map_or(true, |queue| queue.is_empty());
+        if committed.needs_sync() && in_place && nothing_waits() {
+            let results = database.make_durable_here(vec![committed]).pop().unwrap_or_default();
+            report(waiters, results, &outstanding);
+        } else if committed.needs_sync() {
             if let Err(unsent) = to_sync.send((committed, waiters)) {
                 let (committed, waiters) = unsent.0;
                 let closed = committed.results.into_iter().map(|r| r.and(Err(StoreError::Closed))).collect();

@@ -3,8 +3,9 @@
 //! ids above it (`ids::resume`).
 //!
 //! The mark is raised by the commit that stores the messages, in the same transaction
-//! (`messages.rs`, and the batch statement of `postgres.rs`): never a write of its own, and
-//! never behind what is stored, since it becomes visible with the rows. It covers every id
+//! (`messages.rs`, and the batch statement of `postgres.rs`), or on SQLite by the statement
+//! just before it (`sqlite.rs`): never a write of its own, and never behind what is stored,
+//! since it becomes visible with the rows or before them. It covers every id
 //! the batch carried, stored or not (a duplicate, a fenced row): a mark a little high costs
 //! at most a short wait at start. Each writer of the group committer raises rows of its own
 //! (`writer`), so two writers of one node never queue on one row's lock; a node id's mark

@@ -11,16 +11,18 @@
 //! back until the batch has committed (see `seq_lease.rs`). SQLite, one node, does not check.
 //!
 //! The commit of a batch also raises the id high-water marks of the nodes that issued its
-//! ids (`id_marks.rs`), so that a restart never issues ids below the stored ones.
+//! ids (`id_marks.rs`; on SQLite a small batch raises them just before, see `sqlite.rs`), so
+//! that a restart never issues ids below the stored ones.
 
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, QueryBuilder, Row, Type};
 
-use super::batch::{Submission, Written};
+use super::batch::{Submission, Written, insert_statement, stored_ids};
 use super::id_marks::{RAISE_ID_MARKS, marks_of};
 use super::seq_lease::{Fence, fence_of};
 use super::{
-    Database, Inserted, MessageStore, Pool, ROWS_PER_STATEMENT, StoreError, on_backend, parse_stored, signed, unsigned,
+    Database, Inserted, MessageStore, Pool, ROWS_PER_STATEMENT, StoreError, SyncFailure, on_backend, parse_stored,
+    signed, unsigned,
 };
 use crate::maps::{HashMap, HashSet};
 use crate::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
@@ -76,8 +78,29 @@ impl Committed {
     }
 }
 
+/// The newest commit among `batches` still to be made durable.
+fn last_commit(batches: &[Committed]) -> Option<u64> {
+    batches.iter().filter_map(|batch| batch.sync).max()
+}
+
+/// Each batch's outcomes once its commit was (`Ok`) or could not be (`Err`) made durable.
+fn outcomes(batches: Vec<Committed>, synced: Result<(), SyncFailure>) -> Vec<Vec<Result<Inserted, StoreError>>> {
+    batches
+        .into_iter()
+        .map(|batch| match &synced {
+            Ok(()) => batch.results,
+            Err(failure) => batch
+                .results
+                .into_iter()
+                .map(|result| result.and_then(|_| Err(StoreError::Sync(failure.clone()))))
+                .collect(),
+        })
+        .collect()
+}
+
 impl Database {
-    /// Inserts `messages` in one transaction, and says for each whether it was stored or
+    /// Inserts `messages` in one transaction (on SQLite a batch of up to 256 is one
+    /// statement, its id marks raised just before), and says for each whether it was stored or
     /// was a duplicate. When this returns, every `Inserted::New` is durable. The server
     /// inserts through the [`GroupCommitter`](super::GroupCommitter) instead, which batches
     /// concurrent sends and overlaps durability with the next batch.
@@ -133,22 +156,21 @@ impl Database {
     /// outcomes. Should that fail, no row is reported stored: each would-be success becomes
     /// [`StoreError::Sync`] (a retry then finds the row, or stores it).
     pub async fn make_durable(&self, batches: Vec<Committed>) -> Vec<Vec<Result<Inserted, StoreError>>> {
-        let last = batches.iter().filter_map(|batch| batch.sync).max();
-        let (Some(wal), Some(last)) = (&self.wal, last) else {
-            return batches.into_iter().map(|batch| batch.results).collect();
+        let synced = match (&self.wal, last_commit(&batches)) {
+            (Some(wal), Some(last)) => wal.sync(last).await,
+            _ => Ok(()),
         };
-        let synced = wal.sync(last).await;
-        batches
-            .into_iter()
-            .map(|batch| match &synced {
-                Ok(()) => batch.results,
-                Err(failure) => batch
-                    .results
-                    .into_iter()
-                    .map(|result| result.and_then(|_| Err(StoreError::Sync(failure.clone()))))
-                    .collect(),
-            })
-            .collect()
+        outcomes(batches, synced)
+    }
+
+    /// As [`make_durable`](Self::make_durable), with the fsync on the caller's thread, which
+    /// it may block (see [`WalSync::sync_here`](super::wal_sync::WalSync::sync_here)).
+    pub fn make_durable_here(&self, batches: Vec<Committed>) -> Vec<Vec<Result<Inserted, StoreError>>> {
+        let synced = match (&self.wal, last_commit(&batches)) {
+            (Some(wal), Some(last)) => wal.sync_here(last),
+            _ => Ok(()),
+        };
+        outcomes(batches, synced)
     }
 
     async fn insert_batch(&self, batch: &[Submission], writer: u32) -> Result<Committed, StoreError> {
@@ -158,6 +180,11 @@ impl Database {
         let Written { inserted, mut fenced, sync } = match &self.writer {
             // One statement, one round trip (see `postgres::insert_batch`).
             Pool::Postgres(pool) => super::postgres::insert_batch(pool, batch, writer).await?,
+            // Two hand-offs to SQLite's connection thread rather than four (see
+            // `sqlite::insert_batch`).
+            Pool::Sqlite(pool) if batch.len() <= ROWS_PER_STATEMENT => {
+                super::sqlite::insert_batch(pool, batch, writer, self.wal.as_ref()).await?
+            }
             _ => self.insert_batch_in_transaction(batch, writer).await?,
         };
 
@@ -207,21 +234,7 @@ impl Database {
         let sync = on_backend!(self.writer, |pool, sql| {
             let mut connection = pool.acquire().await?;
             let statement = |chunk: &[(usize, &'m Submission)]| {
-                let mut insert = QueryBuilder::new(sql.insert_messages);
-                insert.push_values(chunk, |mut row, (_, submission)| {
-                    let m = &submission.message;
-                    row.push_bind(signed(m.id))
-                        .push_bind(m.conversation.as_str())
-                        .push_bind(signed(m.seq))
-                        .push_bind(m.sender.as_str())
-                        .push_bind(m.sender_device.as_str())
-                        .push_bind(m.client_msg_id.as_str())
-                        .push_bind(i64::from(m.kind))
-                        .push_bind(m.body.as_ref())
-                        .push_bind(signed(m.sent_at_ms));
-                });
-                insert.push(sql.insert_messages_tail);
-                insert
+                insert_statement(sql, chunk.iter().map(|(_, submission)| &submission.message))
             };
             let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
             if let Some((head, tail)) = sql.lock_owners
@@ -272,12 +285,7 @@ impl Database {
                 } else {
                     // Some rows were skipped (or the driver cannot say how many were
                     // inserted): read back which of our ids are there.
-                    let mut read_back = QueryBuilder::new("SELECT id FROM messages WHERE id IN (");
-                    let mut ids = read_back.separated(", ");
-                    for (_, row) in chunk {
-                        ids.push_bind(signed(row.message.id));
-                    }
-                    read_back.push(")");
+                    let mut read_back = stored_ids(chunk.iter().map(|(_, row)| row.message.id));
                     inserted.extend(read_back.build_query_scalar::<i64>().fetch_all(&mut *transaction).await?);
                 }
             }

@@ -1,7 +1,17 @@
-//! SQLite's statements (embedded mode). Placeholders are `?`; `RETURNING` and
-//! `ON CONFLICT` are available (SQLite ≥ 3.35).
+//! SQLite's statements (embedded mode), and its write of a small message batch
+//! ([`insert_batch`]). Placeholders are `?`; `RETURNING` and `ON CONFLICT` are available
+//! (SQLite ≥ 3.35).
 
-use super::{LeaseSql, Sql};
+use std::sync::Arc;
+
+use sqlx::QueryBuilder;
+use sqlx::sqlite::SqlitePool;
+
+use super::batch::{Submission, Written, insert_statement, stored_ids};
+use super::id_marks::{RAISE_ID_MARKS, marks_of};
+use super::wal_sync::WalSync;
+use super::{LeaseSql, Sql, StoreError, signed};
+use crate::maps::HashSet;
 
 /// The SQLite dialect.
 pub const SQL: Sql = Sql {
@@ -38,3 +48,51 @@ pub const SQL: Sql = Sql {
     add_user_conversation: "INSERT INTO user_conversations (user_id, conversation) VALUES (?, ?) ON CONFLICT DO NOTHING",
     user_conversations: "SELECT conversation FROM user_conversations WHERE user_id = ? ORDER BY conversation",
 };
+
+/// Writes a batch that fits one statement (at most `ROWS_PER_STATEMENT` rows) as two
+/// statements, each its own transaction: first the id marks of `writer`, then the rows.
+///
+/// The driver runs each SQLite connection on a thread of its own, and every statement,
+/// `BEGIN` and `COMMIT` is a hand-off to that thread and back. When messages come one at a
+/// time, those hand-offs are most of what a message costs; a transaction around the two
+/// statements would double them. Without one, the order keeps the marks' promise (never
+/// behind a stored id): should the insert fail, or the node stop between the two, the mark
+/// is only ahead, which costs at most a short wait at the next start. A multi-row insert is
+/// atomic on its own, and an fsync of the WAL that covers the rows' commit covers the
+/// marks' before it.
+pub(super) async fn insert_batch(
+    pool: &SqlitePool,
+    batch: &[Submission],
+    writer: u32,
+    wal: Option<&Arc<WalSync>>,
+) -> Result<Written, StoreError> {
+    let mut messages: Vec<_> = batch.iter().map(|submission| &submission.message).collect();
+    // As in the generic path: each conversation's index entries go in one after another.
+    messages.sort_unstable_by(|a, b| (a.conversation.as_str(), a.seq).cmp(&(b.conversation.as_str(), b.seq)));
+    let mut connection = pool.acquire().await?;
+    let mut raise = QueryBuilder::new(RAISE_ID_MARKS);
+    raise.push_values(marks_of(messages.iter().map(|m| m.id), writer), |mut row, (node, writer, ms)| {
+        row.push_bind(node).push_bind(writer).push_bind(ms);
+    });
+    raise.push(SQL.raise_id_marks_tail);
+    raise.build().execute(&mut *connection).await?;
+
+    let sync = wal.map(|wal| wal.announce());
+    let insert = insert_statement(&SQL, messages.iter().copied()).build().execute(&mut *connection).await;
+    if let (Some(wal), Some(number)) = (wal, sync) {
+        wal.returned(number);
+        if insert.is_err() {
+            // Nothing of it is visible, but readers that saw its number wait for it to be
+            // durable, and no later commit may come to cover it.
+            let _ = wal.sync(number).await;
+        }
+    }
+    let inserted: HashSet<i64> = if insert?.rows_affected() == messages.len() as u64 {
+        messages.iter().map(|m| signed(m.id)).collect()
+    } else {
+        // Some were duplicates: which of our ids are there (only this connection writes).
+        let mut read_back = stored_ids(messages.iter().map(|m| m.id));
+        read_back.build_query_scalar::<i64>().fetch_all(&mut *connection).await?.into_iter().collect()
+    };
+    Ok(Written { inserted, fenced: Default::default(), sync })
+}

@@ -3,7 +3,8 @@
 //! With `synchronous = full`, SQLite fsyncs the WAL inside every commit, on its one writer
 //! thread: nothing else is written meanwhile. Herald instead commits message batches with
 //! `synchronous = normal` (no fsync), and makes them durable with an fsync of the WAL file of
-//! its own, on another thread, while the writer goes on with the next batch. Callers learn
+//! its own: on another thread while the writer goes on with the next batch, or on the
+//! writer's thread when no batch waits (nothing to overlap, and a hand-off saved). Callers learn
 //! their outcome only after that fsync, so `SendAck OK` still means durable (measured: a
 //! sixth more rows a second).
 //!
@@ -44,8 +45,17 @@ pub struct WalSync {
     returned: AtomicU64,
     /// The last commit known durable.
     durable: watch::Sender<u64>,
-    /// One fsync at a time: a caller that arrives during one waits and shares the next.
-    fsync: tokio::sync::Mutex<()>,
+    /// The WAL file as the last fsync opened it; held for the length of each fsync, so one
+    /// runs at a time.
+    file: std::sync::Mutex<Option<Kept>>,
+}
+
+/// The open WAL file, and which file it is.
+#[derive(Debug)]
+struct Kept {
+    file: std::fs::File,
+    device: u64,
+    inode: u64,
 }
 
 impl WalSync {
@@ -58,7 +68,7 @@ impl WalSync {
             announced: AtomicU64::new(0),
             returned: AtomicU64::new(0),
             durable: watch::Sender::new(0),
-            fsync: tokio::sync::Mutex::new(()),
+            file: std::sync::Mutex::new(None),
         }
     }
 
@@ -74,33 +84,75 @@ impl WalSync {
     }
 
     /// Makes commit `number` (which has returned) and every one before it durable: at once if
-    /// an fsync since has done so, else with one fsync of the WAL, shared with every caller
-    /// that arrives while it runs.
+    /// an fsync since has done so, else with one fsync of the WAL on a blocking thread,
+    /// shared with every caller that arrives while it runs.
     ///
     /// # Errors
     /// [`SyncFailure::Fsync`] when the fsync fails: the commit may or may not survive a
     /// power cut, so it must not be reported durable.
-    pub async fn sync(&self, number: u64) -> Result<(), SyncFailure> {
+    pub async fn sync(self: &Arc<Self>, number: u64) -> Result<(), SyncFailure> {
         if *self.durable.borrow() >= number {
             return Ok(());
         }
-        let _one_at_a_time = self.fsync.lock().await;
+        let wal = Arc::clone(self);
+        tokio::task::spawn_blocking(move || wal.sync_here(number))
+            .await
+            .unwrap_or_else(|stopped| Err(self.failure(std::io::Error::other(stopped))))
+    }
+
+    /// As [`sync`](Self::sync), on the caller's thread, which it may block for the length of
+    /// an fsync: for a thread of its own with nothing else to do meanwhile (the commit
+    /// writer's, when no batch is waiting), where handing the fsync to another thread
+    /// would only add two thread switches.
+    ///
+    /// # Errors
+    /// As [`sync`](Self::sync).
+    pub fn sync_here(&self, number: u64) -> Result<(), SyncFailure> {
+        if *self.durable.borrow() >= number {
+            return Ok(());
+        }
+        // One fsync at a time: a caller that arrives during one waits and shares the next.
+        let mut file = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if *self.durable.borrow() >= number {
             return Ok(()); // the fsync we waited behind covered it
         }
         // Only commits that have returned have all their frames in the file.
         let covered = self.returned.load(Ordering::SeqCst);
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || std::fs::File::open(&path)?.sync_data())
-            .await
-            .unwrap_or_else(|stopped| Err(std::io::Error::other(stopped)))
-            .map_err(|source| SyncFailure::Fsync { path: self.path.display().to_string(), source: Arc::new(source) })?;
+        self.fsync(&mut file).map_err(|source| self.failure(source))?;
         self.durable.send_if_modified(|durable| {
             let moved = covered > *durable;
             *durable = (*durable).max(covered);
             moved
         });
         Ok(())
+    }
+
+    /// An fsync of the WAL file through the file kept open from the last one, unless the
+    /// path now names another file: SQLite deletes the WAL when its last connection closes
+    /// and starts a new one later, and an fsync of the deleted one would make nothing durable.
+    /// A `stat` of the path costs one system call where opening and closing the file cost two.
+    fn fsync(&self, kept: &mut Option<Kept>) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let current = std::fs::metadata(&self.path)?;
+        let same = |kept: &Kept| kept.device == current.dev() && kept.inode == current.ino();
+        let open = || -> std::io::Result<Kept> {
+            let file = std::fs::File::open(&self.path)?;
+            let opened = file.metadata()?;
+            Ok(Kept { file, device: opened.dev(), inode: opened.ino() })
+        };
+        let wal = match kept.take() {
+            Some(wal) if same(&wal) => wal,
+            _ => open()?,
+        };
+        let synced = wal.file.sync_data();
+        if synced.is_ok() {
+            *kept = Some(wal);
+        }
+        synced
+    }
+
+    fn failure(&self, source: std::io::Error) -> SyncFailure {
+        SyncFailure::Fsync { path: self.path.display().to_string(), source: Arc::new(source) }
     }
 
     /// Waits until every commit a read that just finished could have seen is durable.
@@ -129,7 +181,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let database = dir.path().join("herald.db");
         std::fs::write(dir.path().join("herald.db-wal"), b"frames").expect("wal");
-        let wal = WalSync::new(&database);
+        let wal = Arc::new(WalSync::new(&database));
 
         let first = wal.announce();
         wal.returned(first);
@@ -165,12 +217,42 @@ mod tests {
     #[tokio::test]
     async fn a_failed_fsync_is_an_error_not_durability() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let wal = WalSync::new(&dir.path().join("missing.db")); // no WAL file to sync
+        let wal = Arc::new(WalSync::new(&dir.path().join("missing.db"))); // no WAL file to sync
         let commit = wal.announce();
         wal.returned(commit);
         let error = wal.sync(commit).await.expect_err("no file");
         let SyncFailure::Fsync { source, .. } = &error else { panic!("{error}") };
         assert_eq!(source.kind(), std::io::ErrorKind::NotFound, "the cause is kept: {error}");
         assert_eq!(*wal.durable.borrow(), 0);
+    }
+
+    #[test]
+    fn a_sync_follows_the_wal_to_a_new_file_and_never_claims_a_deleted_one() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("herald.db-wal");
+        std::fs::write(&path, b"frames").expect("wal");
+        let wal = WalSync::new(&dir.path().join("herald.db"));
+        let kept_inode = |wal: &WalSync| wal.file.lock().expect("lock").as_ref().map(|kept| kept.inode);
+
+        let first = wal.announce();
+        wal.returned(first);
+        wal.sync_here(first).expect("sync");
+        assert_eq!(kept_inode(&wal), Some(std::fs::metadata(&path).expect("stat").ino()));
+
+        // SQLite deleted the WAL (its last connection closed): the kept file is not it.
+        std::fs::remove_file(&path).expect("delete");
+        let second = wal.announce();
+        wal.returned(second);
+        let error = wal.sync_here(second).expect_err("no WAL to sync");
+        let SyncFailure::Fsync { source, .. } = &error else { panic!("{error}") };
+        assert_eq!(source.kind(), std::io::ErrorKind::NotFound, "{error}");
+        assert_eq!(*wal.durable.borrow(), first, "nothing claimed through the deleted file");
+
+        // ...and started a new one: that is the file synced from now on.
+        std::fs::write(&path, b"new frames").expect("new wal");
+        wal.sync_here(second).expect("sync");
+        assert_eq!(kept_inode(&wal), Some(std::fs::metadata(&path).expect("stat").ino()));
+        assert_eq!(*wal.durable.borrow(), second);
     }
 }
