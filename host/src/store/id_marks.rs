@@ -13,7 +13,9 @@
 
 use async_trait::async_trait;
 
-use super::{Database, StoreError, on_backend, signed, unsigned};
+use sqlx::{Encode, QueryBuilder, Type};
+
+use super::{Database, Sql, StoreError, on_backend, signed, unsigned};
 use crate::model::{NodeId, id_origin};
 
 /// Where a node reads its id high-water mark at start.
@@ -55,6 +57,20 @@ pub(super) fn marks_of(ids: impl IntoIterator<Item = u64>, writer: u32) -> Vec<(
 /// The head of the statement that raises marks: rows `(node_id, writer, max_ms)` follow,
 /// then the dialect's [`raise_id_marks_tail`](super::Sql::raise_id_marks_tail).
 pub(super) const RAISE_ID_MARKS: &str = "INSERT INTO id_marks (node_id, writer, max_ms) ";
+
+/// The statement that raises `marks` (as [`marks_of`] gives them) in the dialect `sql`.
+pub(super) fn raise_statement<DB>(sql: &Sql, marks: &[(i64, i64, i64)]) -> QueryBuilder<DB>
+where
+    DB: sqlx::Database,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut raise = QueryBuilder::new(RAISE_ID_MARKS);
+    raise.push_values(marks, |mut row, &(node, writer, ms)| {
+        row.push_bind(node).push_bind(writer).push_bind(ms);
+    });
+    raise.push(sql.raise_id_marks_tail);
+    raise
+}
 
 #[cfg(test)]
 mod tests {

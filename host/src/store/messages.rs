@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, QueryBuilder, Row, Type};
 
 use super::batch::{Submission, Written, insert_statement, stored_ids};
-use super::id_marks::{RAISE_ID_MARKS, marks_of};
+use super::id_marks::{marks_of, raise_statement};
 use super::seq_lease::{Fence, fence_of};
 use super::{
     Database, Inserted, MessageStore, Pool, ROWS_PER_STATEMENT, StoreError, SyncFailure, on_backend, parse_stored,
@@ -290,21 +290,11 @@ impl Database {
                 }
             }
             // Last before the commit, so the mark's row is locked no longer than it takes.
-            let mut raise = QueryBuilder::new(RAISE_ID_MARKS);
-            raise.push_values(&marks, |mut row, &(node, writer, ms)| {
-                row.push_bind(node).push_bind(writer).push_bind(ms);
-            });
-            raise.push(sql.raise_id_marks_tail);
-            raise.build().execute(&mut *transaction).await?;
+            raise_statement(sql, &marks).build().execute(&mut *transaction).await?;
             let sync = self.wal.as_ref().map(|wal| wal.announce());
             let commit = transaction.commit().await;
             if let (Some(wal), Some(number)) = (&self.wal, sync) {
-                wal.returned(number);
-                if commit.is_err() {
-                    // Nothing of it is visible, but readers that saw its number wait for it
-                    // to be durable, and no later commit may come to cover it.
-                    let _ = wal.sync(number).await;
-                }
+                wal.finished(number, commit.is_err()).await;
             }
             commit?;
             sync

@@ -4,11 +4,10 @@
 
 use std::sync::Arc;
 
-use sqlx::QueryBuilder;
 use sqlx::sqlite::SqlitePool;
 
 use super::batch::{Submission, Written, insert_statement, stored_ids};
-use super::id_marks::{RAISE_ID_MARKS, marks_of};
+use super::id_marks::{marks_of, raise_statement};
 use super::wal_sync::WalSync;
 use super::{LeaseSql, Sql, StoreError, signed};
 use crate::maps::HashSet;
@@ -70,22 +69,13 @@ pub(super) async fn insert_batch(
     // As in the generic path: each conversation's index entries go in one after another.
     messages.sort_unstable_by(|a, b| (a.conversation.as_str(), a.seq).cmp(&(b.conversation.as_str(), b.seq)));
     let mut connection = pool.acquire().await?;
-    let mut raise = QueryBuilder::new(RAISE_ID_MARKS);
-    raise.push_values(marks_of(messages.iter().map(|m| m.id), writer), |mut row, (node, writer, ms)| {
-        row.push_bind(node).push_bind(writer).push_bind(ms);
-    });
-    raise.push(SQL.raise_id_marks_tail);
-    raise.build().execute(&mut *connection).await?;
+    let marks = marks_of(messages.iter().map(|m| m.id), writer);
+    raise_statement(&SQL, &marks).build().execute(&mut *connection).await?;
 
     let sync = wal.map(|wal| wal.announce());
     let insert = insert_statement(&SQL, messages.iter().copied()).build().execute(&mut *connection).await;
     if let (Some(wal), Some(number)) = (wal, sync) {
-        wal.returned(number);
-        if insert.is_err() {
-            // Nothing of it is visible, but readers that saw its number wait for it to be
-            // durable, and no later commit may come to cover it.
-            let _ = wal.sync(number).await;
-        }
+        wal.finished(number, insert.is_err()).await;
     }
     let inserted: HashSet<i64> = if insert?.rows_affected() == messages.len() as u64 {
         messages.iter().map(|m| signed(m.id)).collect()

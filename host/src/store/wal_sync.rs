@@ -83,6 +83,16 @@ impl WalSync {
         self.returned.fetch_max(number, Ordering::SeqCst);
     }
 
+    /// Notes that commit `number` has returned, and when it `failed`, waits until it is
+    /// durable all the same: nothing of it is visible, but readers that saw its number wait
+    /// for it, and no later commit may come to cover it.
+    pub async fn finished(self: &Arc<Self>, number: u64, failed: bool) {
+        self.returned(number);
+        if failed {
+            let _ = self.sync(number).await;
+        }
+    }
+
     /// Makes commit `number` (which has returned) and every one before it durable: at once if
     /// an fsync since has done so, else with one fsync of the WAL on a blocking thread,
     /// shared with every caller that arrives while it runs.
