@@ -15,7 +15,7 @@
 //! names the node and its reason. Past `plugin_registry.deploy_timeout_ms` without every
 //! answer, it is aborted too, naming the nodes that did not answer.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -406,6 +406,10 @@ impl Deployer {
     ) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut heard = self.notices.subscribe();
+        // Per node still silent, what its last report said: named in the answer at the
+        // timeout, so an operator can tell a node that stopped reporting from one that
+        // reports without answering.
+        let mut last_seen: BTreeMap<NodeId, String> = BTreeMap::new();
         loop {
             let live: BTreeSet<NodeId> = (self.live)().into_iter().collect();
             let mut silent = live.clone();
@@ -418,7 +422,11 @@ impl Deployer {
                                 silent.remove(&report.node);
                             }
                             Some(Err(why)) => return Err(format!("node {}: {why}", report.node)),
-                            None => {}
+                            None => {
+                                let age = self.clock.now_ms().saturating_sub(report.updated_ms);
+                                let said = format!("its report of {age} ms ago: pending {}", parsed["pending"]);
+                                last_seen.insert(report.node, said);
+                            }
                         }
                     }
                     if silent.is_empty() {
@@ -428,7 +436,13 @@ impl Deployer {
                 Err(error) => tracing::warn!(%error, "cannot read the nodes' plugin reports; trying again"),
             }
             if tokio::time::Instant::now() >= deadline {
-                let nodes: Vec<String> = silent.iter().map(ToString::to_string).collect();
+                let nodes: Vec<String> = silent
+                    .iter()
+                    .map(|node| match last_seen.get(node) {
+                        Some(said) => format!("{node} ({said})"),
+                        None => format!("{node} (no report of plugin {name})"),
+                    })
+                    .collect();
                 return Err(format!("node {} did not answer within {} ms", nodes.join(", node "), timeout.as_millis()));
             }
             let _ = tokio::time::timeout(WAIT_STEP, heard.changed()).await;

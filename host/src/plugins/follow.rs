@@ -168,14 +168,13 @@ impl Follower {
             })
         });
         answered_any |= self.let_go(&mut memory, &deployments).await;
-        self.write_reports(&mut memory, &deployments).await;
-        let holding = memory.hold.is_some();
-        drop(memory);
         if answered_any {
-            // The deploying node waits on the reports: wake it (and every other) now.
+            // The deploying node waits on the reports written above: wake it (and every
+            // other) now, before the other reports, since a switch holds calls meanwhile.
             notices.announce().await;
         }
-        holding
+        self.write_reports(&mut memory, &deployments).await;
+        memory.hold.is_some()
     }
 
     /// Holds this node's calls of the hooks of plugin `name` for its switching deploy
@@ -276,8 +275,13 @@ impl Follower {
             true => Ok(()), // a switch that only removes the shadow: nothing to prepare
             false => self.prepared(memory, &deployment.name, &pending.version, shadow).await.map(|_| ()),
         };
-        if let Err(why) = &outcome {
-            tracing::warn!(plugin = %deployment.name, version = %pending.version, %why, "cannot make a deployed plugin version ready");
+        match &outcome {
+            Ok(()) => {
+                tracing::info!(plugin = %deployment.name, version = %pending.version, "deployed plugin version ready")
+            }
+            Err(why) => {
+                tracing::warn!(plugin = %deployment.name, version = %pending.version, %why, "cannot make a deployed plugin version ready")
+            }
         }
         memory.answered.insert(deployment.name.clone(), (pending.id.clone(), outcome));
         // Written now rather than with the other reports: a deploy waits on it.
@@ -376,7 +380,9 @@ impl Follower {
     async fn write_reports(&self, memory: &mut Memory, deployments: &[Deployment]) {
         let by_name: BTreeMap<&str, &Deployment> = deployments.iter().map(|d| (d.name.as_str(), d)).collect();
         let mut names: Vec<String> = self.host.status().into_iter().map(|status| status.name).collect();
-        names.extend(deployments.iter().filter(|d| d.generation > 0).map(|d| d.name.clone()));
+        // A plugin with a deploy pending too, even before its first: the deploy waits on
+        // this node's answer, and an answer whose write failed is written again here.
+        names.extend(deployments.iter().filter(|d| d.generation > 0 || d.pending.is_some()).map(|d| d.name.clone()));
         names.extend(memory.written.keys().cloned());
         names.sort();
         names.dedup();

@@ -173,8 +173,7 @@ struct Statements {
     set_canary: &'static str,
     insert_audit: &'static str,
     history: &'static str,
-    delete_report: &'static str,
-    insert_report: &'static str,
+    upsert_report: &'static str,
 }
 
 const DEPLOYMENTS: &str = "SELECT name, active_version, shadow_version, previous_version, canary, generation, pending_id, pending_version, pending_as, pending_since_ms, pending_phase FROM plugin_deployments ORDER BY name";
@@ -194,8 +193,7 @@ const QUESTION: Statements = Statements {
     set_canary: "UPDATE plugin_deployments SET canary = ? WHERE name = ? AND generation = ?",
     insert_audit: "INSERT INTO plugin_audit (name, action, from_version, to_version, key_id, at_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
     history: "SELECT name, action, from_version, to_version, key_id, at_ms, detail FROM (SELECT * FROM plugin_audit WHERE name = ? ORDER BY id DESC LIMIT ?) AS newest ORDER BY id",
-    delete_report: "DELETE FROM plugin_node_reports WHERE node_id = ? AND name = ?",
-    insert_report: "INSERT INTO plugin_node_reports (node_id, name, report, updated_ms) VALUES (?, ?, ?, ?)",
+    upsert_report: "INSERT INTO plugin_node_reports (node_id, name, report, updated_ms) VALUES (?, ?, ?, ?) ON CONFLICT (node_id, name) DO UPDATE SET report = excluded.report, updated_ms = excluded.updated_ms",
 };
 
 const DOLLAR: Statements = Statements {
@@ -212,12 +210,12 @@ const DOLLAR: Statements = Statements {
     set_canary: "UPDATE plugin_deployments SET canary = $1 WHERE name = $2 AND generation = $3",
     insert_audit: "INSERT INTO plugin_audit (name, action, from_version, to_version, key_id, at_ms, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)",
     history: "SELECT name, action, from_version, to_version, key_id, at_ms, detail FROM (SELECT * FROM plugin_audit WHERE name = $1 ORDER BY id DESC LIMIT $2) AS newest ORDER BY id",
-    delete_report: "DELETE FROM plugin_node_reports WHERE node_id = $1 AND name = $2",
-    insert_report: "INSERT INTO plugin_node_reports (node_id, name, report, updated_ms) VALUES ($1, $2, $3, $4)",
+    upsert_report: "INSERT INTO plugin_node_reports (node_id, name, report, updated_ms) VALUES ($1, $2, $3, $4) ON CONFLICT (node_id, name) DO UPDATE SET report = excluded.report, updated_ms = excluded.updated_ms",
 };
 
-/// MySQL/MariaDB have no `ON CONFLICT`: the one statement of `QUESTION` they cannot share.
+/// MySQL/MariaDB have no `ON CONFLICT`: the statements of `QUESTION` they cannot share.
 const MYSQL_CREATE_DEPLOYMENT: &str = "INSERT INTO plugin_deployments (name, generation, updated_ms) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE name = name";
+const MYSQL_UPSERT_REPORT: &str = "INSERT INTO plugin_node_reports (node_id, name, report, updated_ms) VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE report = VALUES(report), updated_ms = VALUES(updated_ms)";
 
 /// The statements of `$pool`'s dialect.
 macro_rules! statements {
@@ -236,6 +234,14 @@ fn create_deployment(pool: &super::Pool) -> &'static str {
     match pool {
         super::Pool::MySql(_) => MYSQL_CREATE_DEPLOYMENT,
         _ => statements!(pool).create_deployment,
+    }
+}
+
+/// The statement that writes a node's report of a plugin, replacing the one before.
+fn upsert_report(pool: &super::Pool) -> &'static str {
+    match pool {
+        super::Pool::MySql(_) => MYSQL_UPSERT_REPORT,
+        _ => statements!(pool).upsert_report,
     }
 }
 
@@ -498,24 +504,17 @@ impl PluginRegistryStore for Database {
     }
 
     async fn report(&self, report: &NodeReport) -> Result<(), StoreError> {
-        let sql = statements!(self.writer);
-        // Delete and insert rather than an upsert: the same two statements on every backend,
-        // and a node writes only its own rows, one writer each.
+        let sql = upsert_report(&self.writer);
+        // One upsert, no transaction: a delete and an insert in one took gap locks on
+        // MariaDB, and two nodes writing their reports at once deadlocked.
         on_backend!(self.writer, |pool, _dialect| {
-            let mut transaction = pool.begin().await?;
-            sqlx::query(sql.delete_report)
-                .bind(i64::from(report.node.0))
-                .bind(&report.name)
-                .execute(&mut *transaction)
-                .await?;
-            sqlx::query(sql.insert_report)
+            sqlx::query(sql)
                 .bind(i64::from(report.node.0))
                 .bind(&report.name)
                 .bind(&report.report)
                 .bind(signed(report.updated_ms))
-                .execute(&mut *transaction)
+                .execute(pool)
                 .await?;
-            transaction.commit().await?;
             Ok(())
         })
     }

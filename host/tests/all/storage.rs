@@ -2,10 +2,12 @@
 //! reads by seq, cursors, groups, and what a read does with a stored id that is not valid.
 
 use herald_host::config::GroupCommitConfig;
+use herald_host::model::NodeId;
 use herald_host::model::{ClientMsgId, ConversationId, DeviceId, GroupId, Message, UserId};
+use herald_host::store::plugin_registry::NodeReport;
 use herald_host::store::{
     Backend, ConversationStore, CursorStore, CursorUpdate, Database, GroupCommitter, GroupStore, Inserted,
-    MessageStore, MessageWriter, Pool, StoreError,
+    MessageStore, MessageWriter, PluginRegistryStore, Pool, StoreError,
 };
 
 use crate::on_every_backend;
@@ -24,6 +26,7 @@ on_every_backend!(
     groups_and_members,
     direct_conversations_of_a_user,
     invalid_stored_ids_are_skipped_in_lists_and_reported_in_messages,
+    nodes_writing_their_plugin_reports_at_once_all_succeed_and_the_last_stays,
 );
 
 fn client_msg_id(n: u32) -> ClientMsgId {
@@ -397,4 +400,49 @@ async fn an_in_memory_sqlite_database_stores_and_reads_messages() {
     assert_eq!(stored[0].as_ref().expect("stored"), &Inserted::New { id: 1, seq: 1 });
     let read = database.messages_after(&ConversationId::parse("dm:a:b").expect("valid"), 0, 10).await.expect("read");
     assert_eq!(read.iter().map(|m| m.id).collect::<Vec<_>>(), vec![1]);
+}
+
+/// Every node rewrites its report row of each plugin it serves, often, and at the same
+/// moments as the others (a deploy's notice wakes them all): none of those writes may fail,
+/// and each row ends as its node last wrote it. A delete and an insert in a transaction,
+/// as the first version wrote them, deadlocked on MariaDB's gap locks.
+async fn nodes_writing_their_plugin_reports_at_once_all_succeed_and_the_last_stays(backend: Backend) {
+    let db = migrated(backend).await;
+    let nodes: Vec<Database> = match backend {
+        // An SQLite file belongs to one embedded node: its writers share the one pool.
+        Backend::Sqlite => Vec::new(),
+        _ => vec![db.another_node().await, db.another_node().await],
+    };
+    const PLUGINS: [&str; 4] = ["echo", "wf", "limit", "archive"];
+    const ROUNDS: u64 = 15;
+    let write = |database: &Database, node: u32, round: u64| {
+        let database = database.clone();
+        async move {
+            for name in PLUGINS {
+                let report = NodeReport {
+                    node: NodeId(node),
+                    name: name.to_owned(),
+                    report: format!("{{\"round\":{round}}}"),
+                    updated_ms: 1_780_000_000_000 + round,
+                };
+                database.report(&report).await.unwrap_or_else(|e| panic!("node {node} round {round} {name}: {e}"));
+            }
+        }
+    };
+    for round in 0..ROUNDS {
+        let writers: Vec<&Database> = std::iter::once(&db.database).chain(&nodes).collect();
+        let all = writers.iter().enumerate().map(|(node, database)| write(database, node as u32, round));
+        futures_util::future::join_all(all).await;
+    }
+    let reports = db.database.reports().await.expect("read the reports");
+    let writers = 1 + nodes.len();
+    assert_eq!(reports.len(), writers * PLUGINS.len(), "one row per node and plugin: {reports:?}");
+    for report in &reports {
+        assert_eq!(report.report, format!("{{\"round\":{}}}", ROUNDS - 1), "{report:?}");
+        assert_eq!(report.updated_ms, 1_780_000_000_000 + ROUNDS - 1);
+    }
+    for node in nodes {
+        node.close().await;
+    }
+    db.drop_database().await;
 }

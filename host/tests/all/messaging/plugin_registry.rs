@@ -59,6 +59,12 @@ pub(super) fn cli(herald: &Herald, args: &[&str]) -> Result<Value, String> {
     cli_on(herald.port, args)
 }
 
+/// [`cli`] through node `at` of `nodes`; a failure panics with every node's log.
+fn cli_through(nodes: &Nodes, at: usize, args: &[&str]) -> Value {
+    cli(&nodes.nodes[at], args)
+        .unwrap_or_else(|error| panic!("herald plugin {}: {error}\n{}", args.join(" "), nodes.log_tails()))
+}
+
 /// [`cli`] on the node listening on `port`.
 fn cli_on(port: u16, args: &[&str]) -> Result<Value, String> {
     let output = Command::new(env!("CARGO_BIN_EXE_herald"))
@@ -191,9 +197,9 @@ async fn a_deploy_switches_every_node_and_one_that_cannot_warm_aborts_it(backend
     nodes.wait_for_members(3).await;
 
     push(&nodes.nodes[0], "echo_v1", ECHO_V1);
-    cli(&nodes.nodes[0], &["deploy", "echo", "1.0.0"]).expect("deploy 1.0.0");
+    cli_through(&nodes, 0, &["deploy", "echo", "1.0.0"]);
     push(&nodes.nodes[1], "echo_v2", ECHO_V2);
-    cli(&nodes.nodes[0], &["deploy", "echo", "2.0.0"]).expect("deploy 2.0.0");
+    cli_through(&nodes, 0, &["deploy", "echo", "2.0.0"]);
     let everywhere = poll().within(Duration::from_secs(2)).every(Duration::from_millis(20));
     everywhere
         .until("every node to serve echo 2.0.0", async || {
@@ -251,6 +257,11 @@ struct Sent {
 }
 
 /// Sends `version?` on `conversation` until `stop`, one at a time, counting acks in `acked`.
+/// A send turned back with `RETRY` (a node shedding load: the senders go flat out on a
+/// small machine) is sent again with the same `client_msg_id` once `retry_after_ms` has
+/// passed, as PROTOCOL.md asks of a client; it counts as sent at its last attempt, the one
+/// the plugin decided (at its first when the answer is `DUPLICATE`: an earlier attempt
+/// was stored).
 async fn keep_sending(
     mut client: Client,
     conversation: String,
@@ -259,10 +270,24 @@ async fn keep_sending(
 ) -> (Client, String, Vec<Sent>) {
     let mut log = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        let sent = Instant::now();
-        let ack = client.send(&conversation, "version?").await;
-        let ok = ack.status() == Status::Ok;
-        log.push(Sent { sent, acked: Instant::now(), id: ack.message_id, ok });
+        let id = super::uuid();
+        let (first, give_up) = (Instant::now(), Instant::now() + Duration::from_secs(30));
+        loop {
+            let sent = Instant::now();
+            client.send_with(&id, &conversation, 1, b"version?").await;
+            let ack = client.ack_of(&id).await;
+            match ack.status() {
+                Status::Retry if Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms).clamp(20, 1_000))).await;
+                }
+                status => {
+                    let sent = if status == Status::Duplicate { first } else { sent };
+                    let ok = matches!(status, Status::Ok | Status::Duplicate);
+                    log.push(Sent { sent, acked: Instant::now(), id: ack.message_id, ok });
+                    break;
+                }
+            }
+        }
         acked.fetch_add(1, Ordering::Relaxed);
     }
     (client, conversation, log)
@@ -283,7 +308,7 @@ async fn a_deploy_switches_every_node_at_one_moment(backend: Backend) {
     nodes.nodes.push(late);
     nodes.wait_for_members(3).await;
     push(&nodes.nodes[0], "echo_v1", ECHO_V1);
-    cli(&nodes.nodes[0], &["deploy", "echo", "1.0.0"]).expect("deploy 1.0.0");
+    cli_through(&nodes, 0, &["deploy", "echo", "1.0.0"]);
     push(&nodes.nodes[0], "echo_v2", ECHO_V2);
 
     let (stop, acked) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
@@ -300,7 +325,9 @@ async fn a_deploy_switches_every_node_at_one_moment(backend: Backend) {
     sending.until("the senders to get going", async || acked.load(Ordering::Relaxed) >= 200).await;
     let port = nodes.nodes[1].port;
     let deployed = tokio::task::spawn_blocking(move || cli_on(port, &["deploy", "echo", "2.0.0"])).await;
-    let deployed = deployed.expect("the deploy's thread").expect("deploy 2.0.0");
+    let deployed = deployed
+        .expect("the deploy's thread")
+        .unwrap_or_else(|error| panic!("deploy 2.0.0: {error}\n{}", nodes.log_tails()));
     assert_eq!(deployed["applied_everywhere"], true, "{deployed}");
     let after = acked.load(Ordering::Relaxed) + 300;
     sending.until("300 more messages after the deploy", async || acked.load(Ordering::Relaxed) >= after).await;
@@ -379,9 +406,9 @@ async fn a_shadow_is_summed_over_the_nodes_and_a_canary_failing_on_one_rolls_bac
     ];
     let nodes = Nodes::start_with(3, backend, &settings).await;
     push(&nodes.nodes[0], "echo_v1", ECHO_V1);
-    cli(&nodes.nodes[0], &["deploy", "echo", "1.0.0"]).expect("deploy 1.0.0");
+    cli_through(&nodes, 0, &["deploy", "echo", "1.0.0"]);
     push(&nodes.nodes[0], "hostile", HOSTILE_V2);
-    cli(&nodes.nodes[1], &["deploy", "echo", "2.0.0", "--shadow"]).expect("deploy 2.0.0 as shadow");
+    cli_through(&nodes, 1, &["deploy", "echo", "2.0.0", "--shadow"]);
 
     // One sender per node, each writing in a conversation that node owns, where the
     // message policy (and so the shadow) runs.
