@@ -11,10 +11,10 @@ use crate::{config::PluginHostConfig, error::PluginError, state::StoreState};
 use herald_plugin_bindings::AllHooks;
 use std::{
     sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
+        Arc, OnceLock,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
-    thread::JoinHandle,
+    thread::{JoinHandle, Thread},
 };
 use wasmtime::{
     Config, Enabled, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig,
@@ -36,7 +36,7 @@ pub(crate) struct Runtime {
     pub linker: Linker<StoreState>,
     /// Components compiled so far (a reload that changes only a manifest compiles nothing).
     pub compilations: std::sync::atomic::AtomicU64,
-    _ticker: EpochTicker,
+    pub ticker: EpochTicker,
 }
 
 impl Runtime {
@@ -97,38 +97,158 @@ impl Runtime {
         .map_err(engine_err)?;
         linker.instance("herald:plugin/types@0.1.0").map_err(engine_err)?;
         let ticker = EpochTicker::start(engine.clone(), config.epoch_tick())?;
-        Ok(Self { engine, linker, compilations: std::sync::atomic::AtomicU64::new(0), _ticker: ticker })
+        Ok(Self { engine, linker, compilations: std::sync::atomic::AtomicU64::new(0), ticker })
     }
 }
 
-/// Advances the engine's epoch every tick until dropped.
-struct EpochTicker {
-    stop: Arc<AtomicBool>,
+/// Advances the engine's epoch every tick while guest code may run, and sleeps otherwise.
+///
+/// The epoch only matters while a guest runs: it is what interrupts a call past its
+/// deadline. Ticking with no plugin called would wake a thread hundreds of times a second
+/// on an idle node for nothing, so once no guest started for [`QUIET_FOR`] the ticker
+/// parks, and the next guest to start wakes it. Nodes that call plugins steadily
+/// never see it park; one whose calls come seconds apart pays a wake-up per call.
+pub(crate) struct EpochTicker {
+    shared: Arc<Ticking>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// How long no guest may start before the ticker parks.
+const QUIET_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What the ticker and the guests share.
+#[derive(Debug, Default)]
+pub(crate) struct Ticking {
+    stop: AtomicBool,
+    /// Guests running now (calls and instantiations).
+    running: AtomicUsize,
+    /// Guests started so far: a tick that sees it unchanged was quiet.
+    started: AtomicU64,
+    /// Set by the ticker before it parks; whoever starts a guest then wakes it.
+    parked: AtomicBool,
+    /// Ticks so far.
+    ticks: AtomicU64,
+    thread: OnceLock<Thread>,
+}
+
+/// A guest running: keeps the epoch ticking until dropped.
+#[must_use = "the epoch ticks only while the guard lives"]
+pub(crate) struct Running(Arc<Ticking>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Ticking {
+    /// Marks a guest as running (waking the ticker if it parked) until the guard drops.
+    pub fn running(self: &Arc<Self>) -> Running {
+        self.started.fetch_add(1, Ordering::Relaxed);
+        // SeqCst on both sides (here the increment then the read of `parked`, in the ticker
+        // the store of `parked` then the read of `running`): one of the two sees the other,
+        // so a guest never runs with the ticker asleep.
+        self.running.fetch_add(1, Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst)
+            && let Some(thread) = self.thread.get()
+        {
+            thread.unpark();
+        }
+        Running(Arc::clone(self))
+    }
 }
 
 impl EpochTicker {
     fn start(engine: Engine, tick: std::time::Duration) -> Result<Self, PluginError> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        Self::start_quiet_after(engine, tick, QUIET_FOR)
+    }
+
+    fn start_quiet_after(
+        engine: Engine,
+        tick: std::time::Duration,
+        quiet_for: std::time::Duration,
+    ) -> Result<Self, PluginError> {
+        let shared = Arc::new(Ticking::default());
+        let ticking = Arc::clone(&shared);
+        let quiet_ticks = u32::try_from(quiet_for.as_nanos() / tick.as_nanos().max(1)).unwrap_or(u32::MAX).max(1);
         let thread = std::thread::Builder::new()
             .name("herald-plugin-epoch".into())
             .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
+                let (mut quiet, mut seen) = (0u32, 0u64);
+                while !ticking.stop.load(Ordering::Relaxed) {
                     std::thread::sleep(tick);
                     engine.increment_epoch();
+                    ticking.ticks.fetch_add(1, Ordering::Relaxed);
+                    let started = ticking.started.load(Ordering::Relaxed);
+                    if started != seen || ticking.running.load(Ordering::SeqCst) > 0 {
+                        (quiet, seen) = (0, started);
+                        continue;
+                    }
+                    quiet += 1;
+                    if quiet < quiet_ticks {
+                        continue;
+                    }
+                    ticking.parked.store(true, Ordering::SeqCst);
+                    if ticking.running.load(Ordering::SeqCst) == 0 && !ticking.stop.load(Ordering::SeqCst) {
+                        // Woken by a guest starting, by the drop below, or spuriously: each
+                        // goes round the loop again, ticking.
+                        std::thread::park();
+                    }
+                    ticking.parked.store(false, Ordering::SeqCst);
+                    quiet = 0;
                 }
             })
             .map_err(|e| PluginError::Engine(format!("starting the epoch ticker thread: {e}")))?;
-        Ok(Self { stop, thread: Some(thread) })
+        let _ = shared.thread.set(thread.thread().clone());
+        Ok(Self { shared, thread: Some(thread) })
+    }
+
+    /// What guests mark themselves running with.
+    pub fn ticking(&self) -> Arc<Ticking> {
+        Arc::clone(&self.shared)
     }
 }
 
 impl Drop for EpochTicker {
     fn drop(&mut self) {
-        // The thread sees the flag within one tick and exits; not joined, so dropping a
-        // host never blocks an async worker.
-        self.stop.store(true, Ordering::Relaxed);
-        drop(self.thread.take());
+        // The thread sees the flag within one tick (at once if parked) and exits; not
+        // joined, so dropping a host never blocks an async worker.
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// Polls `done` every millisecond for up to ten seconds.
+    fn wait_for(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn the_ticker_parks_when_no_guest_starts_and_ticks_again_for_the_next() {
+        let ticker =
+            EpochTicker::start_quiet_after(Engine::default(), Duration::from_millis(1), Duration::from_millis(20))
+                .expect("ticker");
+        let ticking = ticker.ticking();
+        wait_for("the ticker to park", || ticking.parked.load(Ordering::SeqCst));
+        let before = ticking.ticks.load(Ordering::Relaxed);
+        let running = ticking.running();
+        wait_for("ticks for the guest", || ticking.ticks.load(Ordering::Relaxed) >= before + 3);
+        // A long guest keeps it ticking well past the quiet time.
+        let long = ticking.ticks.load(Ordering::Relaxed);
+        wait_for("ticks past the quiet time", || ticking.ticks.load(Ordering::Relaxed) >= long + 60);
+        assert!(!ticking.parked.load(Ordering::SeqCst), "parked while a guest ran");
+        drop(running);
+        wait_for("the ticker to park again", || ticking.parked.load(Ordering::SeqCst));
     }
 }

@@ -23,6 +23,8 @@ pub(super) struct Instance {
 impl Plugin {
     /// A fresh instance; host calls made while instantiating stop at `deadline`.
     async fn instantiate(&self, deadline: Instant) -> Result<Box<Instance>, Failure> {
+        // A start function is guest code: its deadline needs the epoch ticking.
+        let _running = self.ticking.running();
         let mut store = Store::new(self.pre.engine(), StoreState::new(self.ctx.clone(), deadline, self.hard_timeout));
         store.limiter(|s| &mut s.sandbox);
         store.epoch_deadline_trap();
@@ -130,7 +132,9 @@ impl Plugin {
         data.host_calls = 0;
         data.last_error_log = None;
         data.deadline = deadline;
+        let running = self.ticking.running();
         let result = guests.call(store, input).await;
+        drop(running);
         self.stats.record_call(started.elapsed());
         let recorder = self.recorder.load();
         match result {

@@ -12,7 +12,7 @@ mod source;
 use crate::{
     canary::CanaryStatus,
     config::{Hook, PluginHostConfig, QuarantinePolicy},
-    engine::Runtime,
+    engine::{Runtime, Ticking},
     error::PluginError,
     manifest::{Manifest, Settings},
     recording::Recorder,
@@ -59,6 +59,8 @@ pub(crate) struct Plugin {
     pool: Mutex<Vec<Box<Instance>>>,
     pool_size: usize,
     epoch_ticks: u64,
+    /// Keeps the engine's epoch ticking while this version's guest code runs.
+    ticking: Arc<Ticking>,
     hard_timeout: Duration,
     pub stats: PluginStats,
     /// Set when a newer version of this plugin failed to load (this one keeps serving).
@@ -184,6 +186,7 @@ impl Plugin {
             pool: Mutex::new(Vec::new()),
             pool_size: deps.config.pool_size,
             epoch_ticks,
+            ticking: runtime.ticker.ticking(),
             hard_timeout: deadline * 2 + tick * 2,
             stats: PluginStats::new(),
             last_load_error: Mutex::new(None),

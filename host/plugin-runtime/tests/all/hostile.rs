@@ -27,6 +27,23 @@ async fn an_infinite_loop_is_interrupted_within_twice_its_deadline() {
     assert!(s.last_error.as_deref().unwrap_or_default().contains("deadline of 200 ms"), "{s:?}");
 }
 
+/// The epoch ticker sleeps once no guest has started for a second; a guest that spins
+/// after such a quiet spell must wake it, or nothing would ever interrupt the loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_infinite_loop_after_a_quiet_spell_is_still_interrupted() {
+    let t = TestHost::new(no_quarantine());
+    install(t.path(), "hostile", "hostile", Some(DENY_200MS));
+    t.load().await;
+    // Not a verdict: long enough that the ticker has parked, so the call below is the
+    // first guest to start after it did.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let spinning = message("a", "room:x", "loop");
+    let call = t.host.message_policy(&spinning);
+    let d = tokio::time::timeout(Duration::from_secs(60), call).await.expect("the spinning call was never interrupted");
+    assert!(rejected_for_failure(&d), "{d:?}");
+    assert!(t.status("hostile").last_error.as_deref().unwrap_or_default().contains("deadline of 200 ms"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_calls_keep_flowing_while_a_plugin_spins() {
     let t = TestHost::new(no_quarantine());
