@@ -231,17 +231,20 @@ macro_rules! statements {
 /// fail on a row already there: on PostgreSQL a failed statement aborts the transaction it
 /// is in, the upload's.
 fn create_deployment(pool: &super::Pool) -> &'static str {
-    match pool {
-        super::Pool::MySql(_) => MYSQL_CREATE_DEPLOYMENT,
-        _ => statements!(pool).create_deployment,
-    }
+    upsert(pool, MYSQL_CREATE_DEPLOYMENT, |sql| sql.create_deployment)
 }
 
 /// The statement that writes a node's report of a plugin, replacing the one before.
 fn upsert_report(pool: &super::Pool) -> &'static str {
+    upsert(pool, MYSQL_UPSERT_REPORT, |sql| sql.upsert_report)
+}
+
+/// An upsert of `pool`'s dialect: `mysql` on MySQL/MariaDB, which have no `ON CONFLICT`,
+/// else the statement `of` picks from the dialect's statements.
+fn upsert(pool: &super::Pool, mysql: &'static str, of: fn(&Statements) -> &'static str) -> &'static str {
     match pool {
-        super::Pool::MySql(_) => MYSQL_UPSERT_REPORT,
-        _ => statements!(pool).upsert_report,
+        super::Pool::MySql(_) => mysql,
+        _ => of(statements!(pool)),
     }
 }
 

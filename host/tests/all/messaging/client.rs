@@ -429,15 +429,35 @@ impl Client {
         body: &[u8],
         deadline: Instant,
     ) -> v1::SendAck {
+        let (ack, _) = self.resend_while_retry(client_msg_id, conversation, body, deadline).await;
+        match ack.status() {
+            Status::Ok | Status::Duplicate => ack,
+            _ => panic!("{}", self.failure(&format!("the resend of {client_msg_id} must be stored: {ack:?}"))),
+        }
+    }
+
+    /// Sends `client_msg_id` (kind 1, `body`) and sends it again, waiting as each `RETRY`
+    /// says, until the answer is not `RETRY` or `deadline` has passed. Returns the last
+    /// answer and when the attempt it answers was sent: the decided one, or the first when
+    /// the answer is `DUPLICATE` (an earlier attempt was stored).
+    pub async fn resend_while_retry(
+        &mut self,
+        client_msg_id: &str,
+        conversation: &str,
+        body: &[u8],
+        deadline: Instant,
+    ) -> (v1::SendAck, Instant) {
+        let first = Instant::now();
         loop {
+            let sent = Instant::now();
             self.send_with(client_msg_id, conversation, 1, body).await;
             let ack = self.ack_of(client_msg_id).await;
             match ack.status() {
-                Status::Ok | Status::Duplicate => return ack,
                 Status::Retry if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms).clamp(20, 1_000))).await;
                 }
-                _ => panic!("{}", self.failure(&format!("the resend of {client_msg_id} must be stored: {ack:?}"))),
+                Status::Duplicate => return (ack, first),
+                _ => return (ack, sent),
             }
         }
     }

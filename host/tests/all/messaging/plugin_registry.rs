@@ -270,24 +270,10 @@ async fn keep_sending(
 ) -> (Client, String, Vec<Sent>) {
     let mut log = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        let id = super::uuid();
-        let (first, give_up) = (Instant::now(), Instant::now() + Duration::from_secs(30));
-        loop {
-            let sent = Instant::now();
-            client.send_with(&id, &conversation, 1, b"version?").await;
-            let ack = client.ack_of(&id).await;
-            match ack.status() {
-                Status::Retry if Instant::now() < give_up => {
-                    tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms).clamp(20, 1_000))).await;
-                }
-                status => {
-                    let sent = if status == Status::Duplicate { first } else { sent };
-                    let ok = matches!(status, Status::Ok | Status::Duplicate);
-                    log.push(Sent { sent, acked: Instant::now(), id: ack.message_id, ok });
-                    break;
-                }
-            }
-        }
+        let give_up = Instant::now() + Duration::from_secs(30);
+        let (ack, sent) = client.resend_while_retry(&super::uuid(), &conversation, b"version?", give_up).await;
+        let ok = matches!(ack.status(), Status::Ok | Status::Duplicate);
+        log.push(Sent { sent, acked: Instant::now(), id: ack.message_id, ok });
         acked.fetch_add(1, Ordering::Relaxed);
     }
     (client, conversation, log)
