@@ -35,6 +35,8 @@ threads_per_node() {
 
 # start_cluster COUNT NAME [VAR=VALUE …]: COUNT nodes (client ports 7400, 7410, …) on a
 # fresh database, each with the settings given (e.g. HERALD_INTAKE__SENDS_PER_NODE=700).
+# The shell variable `herald_bin` names another Herald binary to run (an older build, to
+# compare in one session).
 start_cluster() {
     local count=$1 name=$2 db="herald_bench_${run_id}_$2"
     local settings=("${@:3}")
@@ -46,7 +48,7 @@ start_cluster() {
         mkdir -p "$work/$name-$i"
         env "${settings[@]}" RUST_LOG=warn HERALD_WORKER_THREADS=${HERALD_WORKER_THREADS:-$(threads_per_node "$count")} HERALD_STORAGE__URL="${admin%/*}/$db" HERALD_CLUSTER__REDIS_URL="$redis_url" \
             HERALD_CLUSTER__KEY_PREFIX="bench$run_id:$name:" HERALD_CLUSTER__PEER_LISTEN="127.0.0.1:$((port + 1))" \
-            target/release/herald serve --dev --listen "127.0.0.1:$port" --data-dir "$work/$name-$i" &
+            "${herald_bin:-target/release/herald}" serve --dev --listen "127.0.0.1:$port" --data-dir "$work/$name-$i" &
         pids+=($!)
         urls+="${urls:+,}ws://127.0.0.1:$port/v1/ws"
     done
