@@ -21,6 +21,9 @@
 # its devices (`cluster.restore_devices`) on, then off.
 #
 #   scripts/reconnect-bench.sh restart [herald-restart flags, e.g. --users 6000]
+#   STOPS=KILL RESTORES=true scripts/reconnect-bench.sh restart     # one of the four runs
+#
+# The restarted node's log is kept as NODE1_LOG (default: target/restart-bench-node1.log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -30,13 +33,17 @@ if [ "${1:-}" = restart ]; then
     . scripts/services.sh
     . scripts/cluster-lib.sh
     ensure_nginx
+    # nginx, the nodes and the tool each hold a descriptor per connection (nginx two).
+    ulimit -n "$(ulimit -Hn)"
     cargo build --release --locked --bin herald-restart >&2
     say "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(lscpu | sed -n 's/^Model name: *//p'); three nodes, nginx and the clients on the same box"
+    node1_log=${NODE1_LOG:-target/restart-bench-node1.log}
+    : > "$node1_log"
     nginx_dir="$work/nginx"
     stop_nginx() { [ -f "$nginx_dir/nginx.pid" ] && kill -TERM "$(cat "$nginx_dir/nginx.pid")" 2>/dev/null || true; sleep 0.5; }
     trap 'stop_nginx; [ -f "$work/node1.pid" ] && kill "$(cat "$work/node1.pid")" 2>/dev/null; cleanup' EXIT
-    for stop in TERM KILL; do
-        for restore in true false; do
+    for stop in ${STOPS:-TERM KILL}; do
+        for restore in ${RESTORES:-true false}; do
             name="restart_${stop,,}_$restore"
             settings=(HERALD_CLUSTER__PLACEMENT=nginx-consistent HERALD_GATEWAY__RECONNECT_GRACE_MS=60000
                 HERALD_CLUSTER__RESTORE_DEVICES=$restore)
@@ -44,6 +51,7 @@ if [ "${1:-}" = restart ]; then
             mkdir -p "$nginx_dir"
             for kind in client_body proxy fastcgi uwsgi scgi; do mkdir -p "$nginx_dir/$kind"; done
             target/release/herald cluster nginx-conf --url http://127.0.0.1:7400 --key dev-key --listen 127.0.0.1:7480 \
+                | sed "s|worker_connections 4096;|worker_connections $(($(ulimit -n) / 2));|" \
                 | sed "s|^http {|http {\n    access_log off;\n    client_body_temp_path $nginx_dir/client_body; proxy_temp_path $nginx_dir/proxy; fastcgi_temp_path $nginx_dir/fastcgi; uwsgi_temp_path $nginx_dir/uwsgi; scgi_temp_path $nginx_dir/scgi;|" \
                 > "$nginx_dir/nginx.conf"
             nginx -p "$nginx_dir" -c "$nginx_dir/nginx.conf" -e "$nginx_dir/error.log" \
@@ -53,7 +61,7 @@ if [ "${1:-}" = restart ]; then
             cat > "$work/start-node1.sh" <<START
 env ${settings[*]} RUST_LOG=warn HERALD_WORKER_THREADS=$(threads_per_node 3) HERALD_STORAGE__URL="${admin%/*}/herald_bench_${run_id}_$name" \
     HERALD_CLUSTER__REDIS_URL="$redis_url" HERALD_CLUSTER__KEY_PREFIX="bench$run_id:$name:" HERALD_CLUSTER__PEER_LISTEN=127.0.0.1:7411 \
-    target/release/herald serve --dev --listen 127.0.0.1:7410 --data-dir "$work/$name-1" >>"$work/node1.log" 2>&1 &
+    target/release/herald serve --dev --listen 127.0.0.1:7410 --data-dir "$work/$name-1" >>"$node1_log" 2>&1 &
 echo \$! > "$work/node1.pid"
 for _ in \$(seq 1 300); do curl -sf http://127.0.0.1:7410/readyz >/dev/null && exit 0; sleep 0.05; done
 exit 1

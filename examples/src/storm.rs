@@ -71,6 +71,11 @@ pub async fn read_to_the_end(
                 connection.send(&Frame::new(0, ack)).await?;
                 delivered.insert(message.conversation);
             }
+            // The others may take longer to set up than the server waits for a silent
+            // client: answer when it asks.
+            Some(Body::Ping(ping)) if ping.reply => {
+                connection.send(&Frame::new(0, v1::Pong { time_ms: ping.time_ms })).await?;
+            }
             _ => {}
         }
     }

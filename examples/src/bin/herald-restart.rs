@@ -15,7 +15,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, reason = "a command-line program reports on stdout")]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,12 +61,17 @@ struct Args {
     /// Direct conversations per user (even), each with one message already read.
     #[arg(long, default_value_t = 20)]
     conversations: usize,
-    /// Messages a second the notifier sends to random devices the whole time.
+    /// Messages a second the notifier sends to random devices the whole time. With the
+    /// marking (1,000 a second at most) it stays under the server's limit of frames a
+    /// second on one connection (`gateway.frames_per_second`, 2,000 by default).
     #[arg(long, default_value_t = 200)]
     traffic_rate: u32,
-    /// Connections opened at once.
+    /// Devices connecting and setting up at once.
     #[arg(long, default_value_t = 128)]
     connect_concurrency: usize,
+    /// Devices reconnecting at once after the restart.
+    #[arg(long, default_value_t = 128)]
+    reconnect_concurrency: usize,
     /// Seconds between the set-up and the restart, with only the traffic going: most of a
     /// device's conversations are quiet when its node restarts.
     #[arg(long, default_value_t = 20)]
@@ -91,6 +96,10 @@ async fn main() -> ExitCode {
             eprintln!("herald-restart: {error}");
             return ExitCode::from(2);
         }
+    }
+    if args.connect_concurrency == 0 || args.reconnect_concurrency == 0 {
+        eprintln!("herald-restart: --connect-concurrency and --reconnect-concurrency must be at least 1");
+        return ExitCode::from(2);
     }
     if args.users < 2 || args.conversations < 2 || args.conversations % 2 != 0 || args.conversations / 2 >= args.users {
         eprintln!("herald-restart: --conversations must be even, at least 2, and --users more than half of it");
@@ -127,6 +136,10 @@ struct Seen {
     repushed: u64,
 }
 
+/// Devices connected for the set-up, and those that finished it.
+static CONNECTED: AtomicU64 = AtomicU64::new(0);
+static SET_UP: AtomicU64 = AtomicU64::new(0);
+
 /// Bytes of every `deliver` pushed to the devices that came back, after they did.
 static BYTES_PUSHED: AtomicU64 = AtomicU64::new(0);
 
@@ -154,24 +167,54 @@ async fn run(args: &Args) -> Result<(), Error> {
         })
         .collect();
     drop(dropped_tx);
-    if tokio::time::timeout(WAIT * 2, set_up.wait()).await.is_err() {
+    // Thousands of devices set up on a small box can take minutes: the wait ends when no
+    // device finished setting up for a whole WAIT, and says how far it got meanwhile.
+    let everyone = set_up.wait();
+    tokio::pin!(everyone);
+    let (mut last, mut progress_at) = (0, Instant::now());
+    let mut report = tokio::time::interval(Duration::from_secs(10));
+    let stalled = loop {
+        tokio::select! {
+            _ = &mut everyone => break false,
+            _ = report.tick() => {
+                let (connected, done) = (CONNECTED.load(Ordering::Relaxed), SET_UP.load(Ordering::Relaxed));
+                if connected + done > last {
+                    (last, progress_at) = (connected + done, Instant::now());
+                    eprintln!("{}: {connected} of {} devices connected, {done} set up", args.label, args.users);
+                } else if progress_at.elapsed() >= WAIT {
+                    break true;
+                }
+            }
+        }
+    };
+    if stalled {
         for task in tasks {
             if task.is_finished() {
                 task.await??;
             }
         }
-        return Err("the devices did not finish setting up in time".into());
+        let (connected, done) = (CONNECTED.load(Ordering::Relaxed), SET_UP.load(Ordering::Relaxed));
+        return Err(format!(
+            "the set-up made no progress for {} s ({connected} of {} devices connected, {done} set up)",
+            WAIT.as_secs(),
+            args.users
+        )
+        .into());
     }
     // The acks of the set-up reach the cursors and a save of the ledgers.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (notify, notify_rx) = mpsc::unbounded_channel();
-    let sender = tokio::spawn(notifier_loop(
+    let notifying = notifier_loop(
         Connection::open(&args.notifier_url, Encoding::Proto, WAIT).await?,
         notifier.clone(),
         Arc::clone(&users),
         args.traffic_rate,
         notify_rx,
-    ));
+    );
+    let sender =
+        tokio::spawn(
+            async move { notifying.await.map_err(|error| -> Error { format!("the notifier: {error}").into() }) },
+        );
     tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
 
     phase.send_replace(Phase::Stopping);
@@ -187,9 +230,19 @@ async fn run(args: &Args) -> Result<(), Error> {
     }
     let (marked, marked_rx) = tokio::sync::oneshot::channel();
     notify.send((dropped.clone(), marked))?;
-    marked_rx.await??;
+    match marked_rx.await {
+        Ok(answer) => answer?,
+        // The notifier stopped: its own error says why.
+        Err(_) => return Err(sender.await?.err().unwrap_or_else(|| "the notifier stopped".into())),
+    }
 
     shell(&args.start).await?;
+    // Every set-up permit is back by now (the devices are all set up).
+    if args.reconnect_concurrency > args.connect_concurrency {
+        permits.add_permits(args.reconnect_concurrency - args.connect_concurrency);
+    } else {
+        permits.forget_permits(args.connect_concurrency - args.reconnect_concurrency);
+    }
     let storm = Instant::now();
     phase.send_replace(Phase::Back(storm));
     // Those that dropped finish when back; the others when told, after them.
@@ -244,6 +297,9 @@ async fn shell(command: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Most marking sends (and sends due again after a RETRY) a second.
+const MARK_RATE: u32 = 1000;
+
 /// Devices to send one message each, and where to answer once every one is stored.
 type MarkRequest = (Vec<usize>, tokio::sync::oneshot::Sender<Result<(), String>>);
 
@@ -263,8 +319,26 @@ async fn notifier_loop(
     let mut unacked: HashMap<u32, v1::Send> = HashMap::new();
     let mut marking: Option<(usize, tokio::sync::oneshot::Sender<Result<(), String>>)> = None;
     let mut marks: HashSet<u32> = HashSet::new();
+    // Sends turned back with RETRY, due again after their wait: the loop goes on reading
+    // meanwhile (a notifier that stopped reading would be closed as a slow consumer).
+    let (again_tx, mut again_rx) = mpsc::unbounded_channel::<(v1::Send, bool)>();
+    // The messages marking the devices of the stopped node, and the sends due again, go
+    // out at most MARK_RATE a second: with the traffic, within the server's frame limit.
+    let mut queued: VecDeque<(v1::Send, bool)> = VecDeque::new();
+    let mut pace = tokio::time::interval(Duration::from_secs(1) / MARK_RATE);
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            Some(again) = again_rx.recv() => queued.push_back(again),
+            _ = pace.tick(), if !queued.is_empty() => {
+                let Some((send, mark)) = queued.pop_front() else { continue };
+                let rid = connection.next_rid();
+                connection.send(&Frame::new(rid, send.clone())).await?;
+                unacked.insert(rid, send);
+                if mark {
+                    marks.insert(rid);
+                }
+            }
             _ = ticks.tick(), if rate > 0 => {
                 let to = &users[rand::random_range(0..users.len())];
                 let send = v1::Send { client_msg_id: ids.next_id(), conversation: dm_conversation(&notifier, to), kind: 1, body: "traffic".into() };
@@ -276,12 +350,8 @@ async fn notifier_loop(
                 let Some((devices, answer)) = request else { return Ok(()) };
                 for n in &devices {
                     let send = v1::Send { client_msg_id: ids.next_id(), conversation: dm_conversation(&notifier, &users[*n]), kind: 1, body: "while the node was down".into() };
-                    let rid = connection.next_rid();
-                    connection.feed(&Frame::new(rid, send.clone())).await?;
-                    unacked.insert(rid, send);
-                    marks.insert(rid);
+                    queued.push_back((send, true));
                 }
-                connection.flush().await?;
                 marking = Some((devices.len(), answer));
             }
             frame = connection.recv() => {
@@ -300,13 +370,12 @@ async fn notifier_loop(
                     }
                     // The node down may own the conversation until the others see it gone.
                     v1::send_ack::Status::Retry => {
-                        tokio::time::sleep(Duration::from_millis(u64::from(ack.retry_after_ms).clamp(10, 500))).await;
-                        let rid = connection.next_rid();
-                        connection.send(&Frame::new(rid, send.clone())).await?;
-                        unacked.insert(rid, send);
-                        if mark {
-                            marks.insert(rid);
-                        }
+                        let wait = Duration::from_millis(u64::from(ack.retry_after_ms).clamp(10, 500));
+                        let again = again_tx.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(wait).await;
+                            let _ = again.send((send, mark));
+                        });
                     }
                     _ => return Err(format!("a notifier send failed: {ack:?}").into()),
                 }
@@ -318,9 +387,33 @@ async fn notifier_loop(
 /// Connects `user` through nginx, at most `permits` handshakes at once.
 async fn connect(url: &str, user: &str, permits: &Semaphore) -> Result<Connection, Error> {
     let _permit = permits.acquire().await?;
+    open(url, user).await
+}
+
+/// Connects `user` through nginx and logs in.
+async fn open(url: &str, user: &str) -> Result<Connection, Error> {
     let mut connection = Connection::open(&format!("{url}?user={user}"), Encoding::Proto, WAIT).await?;
     connection.login(&format!("dev:{user}"), "device", "herald-restart", WAIT).await?;
     Ok(connection)
+}
+
+/// What a device does with a frame while it waits: acks a `deliver`, answers a `ping`
+/// that asks (the server closes a client silent past its timeout).
+async fn take(connection: &mut Connection, frame: Frame) -> Result<(), Error> {
+    match frame.body {
+        Some(Body::Deliver(deliver)) => _ = ack(connection, deliver).await?,
+        Some(Body::Ping(ping)) => answer(connection, &ping).await?,
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Answers a `ping` with `reply` set.
+async fn answer(connection: &mut Connection, ping: &v1::Ping) -> Result<(), Error> {
+    if ping.reply {
+        connection.send(&Frame::new(0, v1::Pong { time_ms: ping.time_ms })).await?;
+    }
+    Ok(())
 }
 
 /// Acks a `deliver`; returns its message.
@@ -346,21 +439,40 @@ async fn device(
     dropped: mpsc::UnboundedSender<usize>,
 ) -> Result<Seen, Error> {
     let me = &users[n];
-    let mut connection = connect(url, me, permits).await?;
+    // A permit for the whole set-up, not only the handshake: thousands of devices starting
+    // their conversations at once would be a burst of new conversations no small box
+    // stores in time.
+    let permit = permits.acquire().await?;
+    let mut connection = open(url, me).await?;
+    CONNECTED.fetch_add(1, Ordering::Relaxed);
     read_to_the_end(&mut connection, users, n, conversations, WAIT).await?;
-    set_up.wait().await;
+    SET_UP.fetch_add(1, Ordering::Relaxed);
+    drop(permit);
+    // Waiting for the others can take longer than the server's client timeout: the device
+    // goes on answering, as an idle client would.
+    let others_set_up = set_up.wait();
+    tokio::pin!(others_set_up);
+    loop {
+        tokio::select! {
+            _ = &mut others_set_up => break,
+            frame = connection.recv() => take(&mut connection, frame?).await?,
+        }
+    }
     // Until the node goes or the run ends: take the traffic.
     loop {
         tokio::select! {
-            frame = connection.recv() => match frame {
-                Ok(frame) => {
-                    if let Some(Body::Deliver(deliver)) = frame.body {
-                        ack(&mut connection, deliver).await?;
-                    }
+            frame = connection.recv() => {
+                let taken = match frame {
+                    Ok(frame) => take(&mut connection, frame).await,
+                    Err(error) => Err(error.into()),
+                };
+                // Reading or answering, either can be where a device sees its node go.
+                match taken {
+                    Ok(()) => {}
+                    Err(_) if matches!(*phase.borrow(), Phase::Stopping) => break,
+                    Err(error) => return Err(format!("{me} lost its connection before the restart: {error}").into()),
                 }
-                Err(_) if matches!(*phase.borrow(), Phase::Stopping) => break,
-                Err(error) => return Err(format!("{me} lost its connection before the restart: {error}").into()),
-            },
+            }
             changed = phase.changed() => {
                 changed?;
                 if matches!(*phase.borrow(), Phase::Done) {
@@ -385,13 +497,18 @@ async fn device(
     };
     let notified = dm_conversation(notifier, me);
     let mut repushed = 0;
+    let lost = |error: Error| -> Error { format!("{me} back after the restart: {error}").into() };
     loop {
-        let frame = tokio::time::timeout(WAIT, connection.recv()).await??;
+        let frame = tokio::time::timeout(WAIT, connection.recv()).await.map_err(|error| lost(error.into()))?;
+        let frame = frame.map_err(|error| lost(error.into()))?;
         if let Some(Body::Deliver(_)) = &frame.body {
             BYTES_PUSHED.fetch_add(encode_proto(&frame).len() as u64, Ordering::Relaxed);
         }
+        if let Some(Body::Ping(ping)) = &frame.body {
+            answer(&mut connection, ping).await.map_err(lost)?;
+        }
         if let Some(Body::Deliver(deliver)) = frame.body {
-            let message = ack(&mut connection, deliver).await?;
+            let message = ack(&mut connection, deliver).await.map_err(lost)?;
             if message.conversation != notified {
                 repushed += 1; // a set-up conversation: read before the restart
             } else if message.body.as_ref() == b"while the node was down" {
