@@ -51,7 +51,6 @@ if [ "${1:-}" = restart ]; then
             mkdir -p "$nginx_dir"
             for kind in client_body proxy fastcgi uwsgi scgi; do mkdir -p "$nginx_dir/$kind"; done
             target/release/herald cluster nginx-conf --url http://127.0.0.1:7400 --key dev-key --listen 127.0.0.1:7480 \
-                | sed "s|worker_connections 4096;|worker_connections $(($(ulimit -n) / 2));|" \
                 | sed "s|^http {|http {\n    access_log off;\n    client_body_temp_path $nginx_dir/client_body; proxy_temp_path $nginx_dir/proxy; fastcgi_temp_path $nginx_dir/fastcgi; uwsgi_temp_path $nginx_dir/uwsgi; scgi_temp_path $nginx_dir/scgi;|" \
                 > "$nginx_dir/nginx.conf"
             nginx -p "$nginx_dir" -c "$nginx_dir/nginx.conf" -e "$nginx_dir/error.log" \

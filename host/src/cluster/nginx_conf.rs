@@ -19,6 +19,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// The least time nginx waits on a quiet connection: above the server's heartbeat and the
 /// time the server gives a silent client, so nginx never cuts a connection Herald keeps.
 const LEAST_PROXY_TIMEOUT_S: u64 = 120;
+
+/// Devices one nginx worker process can hold: each takes two of its connections and two
+/// file descriptors. nginx's default (512 connections) would turn devices away past 256 a
+/// worker.
+const DEVICES_PER_WORKER: u32 = 16_384;
 /// How long the command waits for the node's answer.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest answer read from the node.
@@ -174,9 +179,12 @@ pub fn render(cluster: &ClusterPlacement, frontend: &Frontend) -> Result<String,
 # Upstream digest: {digest}
 
 worker_processes auto;
+# A WebSocket holds two connections in a worker (the client's and the node's), each a file
+# descriptor: room for {devices} devices a worker process.
+worker_rlimit_nofile {descriptors};
 
 events {{
-    worker_connections 4096;
+    worker_connections {connections};
 }}
 
 http {{
@@ -217,6 +225,10 @@ http {{
         epoch = cluster.epoch,
         mode = placement.mode,
         listen = frontend.listen,
+        devices = DEVICES_PER_WORKER,
+        connections = 2 * DEVICES_PER_WORKER,
+        // The connections' descriptors and room for the worker's own (logs, listeners).
+        descriptors = 2 * DEVICES_PER_WORKER + 1024,
     ))
 }
 
@@ -254,6 +266,14 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line:?} missing in:\n{text}");
         }
+        // Thousands of devices a worker, each two connections and two descriptors.
+        let number = |directive: &str| -> u32 {
+            let line = text.lines().find(|line| line.trim_start().starts_with(directive)).expect(directive);
+            line.trim().trim_start_matches(directive).trim().trim_end_matches(';').parse().expect("a number")
+        };
+        let connections = number("worker_connections");
+        assert!(connections >= 2 * 10_000, "worker_connections {connections} holds under 10,000 devices");
+        assert!(number("worker_rlimit_nofile") > connections, "a descriptor for each connection:\n{text}");
         let plain = render(&cluster("nginx-hash", &["10.0.0.1:7070"]), &frontend()).expect("rendered");
         assert!(plain.contains("hash $arg_user;"), "{plain}");
     }
