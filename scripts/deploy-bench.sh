@@ -9,6 +9,8 @@
 #      nodes: once without deploys, once with deploys one after another for the whole
 #      window — send→deliver p99 of each, their ratio (target: within ×1.2) and every
 #      send that was not acknowledged OK (target: none).
+# Each part also prints the median of each step of its deploys (the answer's phases_ms:
+# ready, hold, switch, apply; the hook calls wait from the hold to the apply).
 #
 #   [RATE=5000] [DEPLOYS=20] [DURATION=20] scripts/deploy-bench.sh
 #
@@ -40,7 +42,9 @@ deploy() {
     ended=$(date +%s%N)
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d.get("applied_everywhere") else 1)' \
         "$work/deploy.json" || die "deploy of echo $2 did not reach every node: $(cat "$work/deploy.json")"
-    echo $(((ended - started) / 1000000))
+    # The wall time, then the deploy's own steps (its answer's phases_ms).
+    python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["phases_ms"]; print(sys.argv[2], p["ready"], p["hold"], p["switch"], p["apply"])' \
+        "$work/deploy.json" $(((ended - started) / 1000000))
 }
 
 say "3 nodes, echo 1.0.0 and 2.0.0 uploaded, 1.0.0 deployed"
@@ -56,12 +60,25 @@ for ((i = 0; i < DEPLOYS; i++)); do
     version=$([ $((i % 2)) -eq 0 ] && echo 2.0.0 || echo 1.0.0)
     deploy "${ports[$((i % 3))]}" "$version" >>"$work/times"
 done
+# phases FILE: the median of each step of the deploys in FILE (lines of `wall ready hold
+# switch apply`, ms).
+phases() {
+    python3 - "$1" <<'PY'
+import statistics, sys
+rows = [[int(x) for x in line.split()] for line in open(sys.argv[1]) if line.strip()]
+if rows:
+    steps = ("ready", "hold", "switch", "apply")
+    medians = ", ".join(f"{name} {statistics.median(row[k + 1] for row in rows):.0f}" for k, name in enumerate(steps))
+    print(f"  median of each step, ms: {medians} (calls wait from hold to apply)")
+PY
+}
 python3 - "$work/times" <<'PY'
 import statistics, sys
-times = [int(line) for line in open(sys.argv[1]) if line.strip()]
+times = [int(line.split()[0]) for line in open(sys.argv[1]) if line.strip()]
 print(f"  deploy to every node serving it: median {statistics.median(times):.0f} ms, worst {max(times)} ms "
       f"({len(times)} deploys)")
 PY
+phases "$work/times"
 
 # load LABEL: RATE msgs/s for DURATION s after 5 s of warm-up; the report's JSON to $work/LABEL.json.
 load() {
@@ -88,7 +105,7 @@ wait "$loading" || die "the load generator failed during the deploys"
 python3 - "$work/steady.json" "$work/deploying.json" "$work/times-loaded" <<'PY'
 import json, statistics, sys
 steady, deploying = (json.load(open(path)) for path in sys.argv[1:3])
-times = [int(line) for line in open(sys.argv[3]) if line.strip()]
+times = [int(line.split()[0]) for line in open(sys.argv[3]) if line.strip()]
 def failed(run):
     c = run["counts"]
     return c["sent"] - c["send_ack_ok"] - c["send_ack_duplicate"], c["send_ack_rejected"], c["send_ack_retry"], c["given_up"], c["errors"]
@@ -102,3 +119,4 @@ print(f"  p99 with deploys / without: x{ratio:.2f} (target: within x1.2); "
       f"{len(times)} deploys under load, median {statistics.median(times) if times else 0:.0f} ms, "
       f"worst {max(times) if times else 0} ms")
 PY
+phases "$work/times-loaded"

@@ -301,6 +301,7 @@ impl Deployer {
     /// Both phases of a deploy: begin, wait for every live node's answer, switch or abort.
     pub(super) async fn run(&self, step: Step<'_>) -> Result<Value, RegistryError> {
         let now = self.clock.now_ms();
+        let began = tokio::time::Instant::now();
         let timeout = Duration::from_millis(self.settings.deploy_timeout_ms);
         let id = format!("{now:x}-{:016x}", rand::random::<u64>());
         let pending = Pending {
@@ -329,11 +330,14 @@ impl Deployer {
                 _ => Err(answer["error"].as_str().unwrap_or("not ready").to_owned()),
             })
         });
-        let verdict = match verdict.await {
+        let verdict = verdict.await;
+        let ready_at = began.elapsed();
+        let verdict = match verdict {
             // A new active version: every node holds its calls before any serves it.
             Ok(()) if step.role == "active" => self.hold_everywhere(step.name, &id, timeout).await?,
             other => other,
         };
+        let held_at = began.elapsed();
         let Step { name, switch, mut audit, .. } = step;
         if let Err(why) = verdict {
             audit.action = format!("{}-aborted", audit.action);
@@ -350,6 +354,7 @@ impl Deployer {
                  which"
             )));
         }
+        let switched_at = began.elapsed();
         self.notices.announce().await;
         let deployment = self.deployment(name).await?;
         let generation = deployment.generation;
@@ -362,6 +367,9 @@ impl Deployer {
         if let Err(late) = &applied {
             tracing::warn!(plugin = %name, generation, %late, "not every node reported the new generation in time");
         }
+        let ms =
+            |since: Duration, to: Duration| u64::try_from(to.saturating_sub(since).as_millis()).unwrap_or(u64::MAX);
+        let applied_at = began.elapsed();
         Ok(json!({
             "plugin": name,
             "generation": generation,
@@ -369,6 +377,14 @@ impl Deployer {
             "shadow": deployment.shadow,
             "previous": deployment.previous,
             "applied_everywhere": applied.is_ok(),
+            // How long each step took: an active version's hook calls are held on every
+            // node from the hold through the switch until the node installs it.
+            "phases_ms": {
+                "ready": ms(Duration::ZERO, ready_at),
+                "hold": ms(ready_at, held_at),
+                "switch": ms(held_at, switched_at),
+                "apply": ms(switched_at, applied_at),
+            },
         }))
     }
 

@@ -315,6 +315,10 @@ async fn a_deploy_switches_every_node_at_one_moment(backend: Backend) {
         .expect("the deploy's thread")
         .unwrap_or_else(|error| panic!("deploy 2.0.0: {error}\n{}", nodes.log_tails()));
     assert_eq!(deployed["applied_everywhere"], true, "{deployed}");
+    // The answer says how long each step took, the hold included.
+    for phase in ["ready", "hold", "switch", "apply"] {
+        assert!(deployed["phases_ms"][phase].is_u64(), "phases_ms.{phase} missing in {deployed}");
+    }
     let after = acked.load(Ordering::Relaxed) + 300;
     sending.until("300 more messages after the deploy", async || acked.load(Ordering::Relaxed) >= after).await;
     stop.store(true, Ordering::Relaxed);
