@@ -163,7 +163,8 @@ pub fn render(cluster: &ClusterPlacement, frontend: &Frontend) -> Result<String,
     if placement.upstream.is_empty() {
         return Err(NginxConfError::NoNodes);
     }
-    // Four heartbeats: the server closes a connection silent for three.
+    // Four heartbeats: the node writes to every connection at least once a heartbeat, so a
+    // live connection is never that quiet on the node's side.
     let timeout = (placement.heartbeat_ms.saturating_mul(4) / 1000).max(LEAST_PROXY_TIMEOUT_S);
     let digest = &placement.digest;
     let mut servers = String::new();
