@@ -33,18 +33,22 @@ guests=target/plugin-guests/wasm32-wasip2/release
 printf 'name = "echo"\nversion = "1.0.0"\n' >"$work/echo-1.toml"
 printf 'name = "echo"\nversion = "2.0.0"\n' >"$work/echo-2.toml"
 
-# deploy PORT VERSION: one deploy through node PORT; prints its wall time in ms, or fails.
+# deploy PORT VERSION: one deploy through node PORT; prints its wall time and then its own
+# steps (the answer's phases_ms: ready, hold, switch, apply), in ms, or fails.
 deploy() {
     local started ended
     started=$(date +%s%N)
     target/release/herald plugin deploy echo "$2" --url "http://127.0.0.1:$1" --key dev-key >"$work/deploy.json" \
         || die "deploy of echo $2 failed: $(cat "$work/deploy.json")"
     ended=$(date +%s%N)
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d.get("applied_everywhere") else 1)' \
-        "$work/deploy.json" || die "deploy of echo $2 did not reach every node: $(cat "$work/deploy.json")"
-    # The wall time, then the deploy's own steps (its answer's phases_ms).
-    python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["phases_ms"]; print(sys.argv[2], p["ready"], p["hold"], p["switch"], p["apply"])' \
-        "$work/deploy.json" $(((ended - started) / 1000000))
+    python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+if not d.get("applied_everywhere"):
+    sys.exit(1)
+p = d["phases_ms"]
+print(sys.argv[2], p["ready"], p["hold"], p["switch"], p["apply"])' "$work/deploy.json" $(((ended - started) / 1000000)) \
+        || die "deploy of echo $2 did not reach every node: $(cat "$work/deploy.json")"
 }
 
 say "3 nodes, echo 1.0.0 and 2.0.0 uploaded, 1.0.0 deployed"

@@ -60,7 +60,7 @@ if [ "${1:-}" = restart ]; then
             cat > "$work/start-node1.sh" <<START
 env ${settings[*]} RUST_LOG=warn HERALD_WORKER_THREADS=$(threads_per_node 3) HERALD_STORAGE__URL="${admin%/*}/herald_bench_${run_id}_$name" \
     HERALD_CLUSTER__REDIS_URL="$redis_url" HERALD_CLUSTER__KEY_PREFIX="bench$run_id:$name:" HERALD_CLUSTER__PEER_LISTEN=127.0.0.1:7411 \
-    target/release/herald serve --dev --listen 127.0.0.1:7410 --data-dir "$work/$name-1" >>"$node1_log" 2>&1 &
+    ${herald_bin:-target/release/herald} serve --dev --listen 127.0.0.1:7410 --data-dir "$work/$name-1" >>"$node1_log" 2>&1 &
 echo \$! > "$work/node1.pid"
 for _ in \$(seq 1 300); do curl -sf http://127.0.0.1:7410/readyz >/dev/null && exit 0; sleep 0.05; done
 exit 1

@@ -308,6 +308,19 @@ impl Connection {
         tokio::time::timeout(timeout, wait).await.map_err(|_| ConnectionError::Timeout(timeout, "connected"))?
     }
 
+    /// Answers the server's `ping` (its frame's `rid`) when it asks for a `pong` (`reply`
+    /// set); a ping that does not ask is left unanswered (PROTOCOL.md, "Heartbeats").
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::send`].
+    pub async fn answer_ping(&mut self, rid: u32, ping: &v1::Ping) -> Result<(), ConnectionError> {
+        if ping.reply {
+            self.send(&Frame::new(rid, v1::Pong { time_ms: ping.time_ms })).await?;
+        }
+        Ok(())
+    }
+
     /// Writes one frame and flushes it.
     ///
     /// # Errors

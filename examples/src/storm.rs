@@ -73,9 +73,7 @@ pub async fn read_to_the_end(
             }
             // The others may take longer to set up than the server waits for a silent
             // client: answer when it asks.
-            Some(Body::Ping(ping)) if ping.reply => {
-                connection.send(&Frame::new(0, v1::Pong { time_ms: ping.time_ms })).await?;
-            }
+            Some(Body::Ping(ping)) => connection.answer_ping(frame.rid, &ping).await?,
             _ => {}
         }
     }

@@ -402,16 +402,8 @@ async fn open(url: &str, user: &str) -> Result<Connection, Error> {
 async fn take(connection: &mut Connection, frame: Frame) -> Result<(), Error> {
     match frame.body {
         Some(Body::Deliver(deliver)) => _ = ack(connection, deliver).await?,
-        Some(Body::Ping(ping)) => answer(connection, &ping).await?,
+        Some(Body::Ping(ping)) => connection.answer_ping(frame.rid, &ping).await?,
         _ => {}
-    }
-    Ok(())
-}
-
-/// Answers a `ping` with `reply` set.
-async fn answer(connection: &mut Connection, ping: &v1::Ping) -> Result<(), Error> {
-    if ping.reply {
-        connection.send(&Frame::new(0, v1::Pong { time_ms: ping.time_ms })).await?;
     }
     Ok(())
 }
@@ -505,7 +497,7 @@ async fn device(
             BYTES_PUSHED.fetch_add(encode_proto(&frame).len() as u64, Ordering::Relaxed);
         }
         if let Some(Body::Ping(ping)) = &frame.body {
-            answer(&mut connection, ping).await.map_err(lost)?;
+            connection.answer_ping(frame.rid, ping).await.map_err(|error| lost(error.into()))?;
         }
         if let Some(Body::Deliver(deliver)) = frame.body {
             let message = ack(&mut connection, deliver).await.map_err(lost)?;

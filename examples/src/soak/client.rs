@@ -253,9 +253,7 @@ impl<'a> Session<'a> {
                 let rid = connection.next_rid();
                 connection.send(&Frame::new(rid, v1::Sync { cursors: vec![cursor], limit: PAGE })).await?;
             }
-            Some(Body::Ping(ping)) if ping.reply => {
-                connection.send(&Frame::new(frame.rid, v1::Pong { time_ms: ping.time_ms })).await?
-            }
+            Some(Body::Ping(ping)) => connection.answer_ping(frame.rid, &ping).await?,
             Some(Body::SyncReply(_) | Body::HistoryReply(_) | Body::Subscribed(_)) => Counters::bump(&counters.pulls),
             Some(Body::Error(_)) => Counters::bump(&counters.errors),
             _ => {}
