@@ -18,6 +18,8 @@
 #[path = "../tests/poll/mod.rs"]
 pub mod poll;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -129,7 +131,8 @@ impl Kit {
             bus: options.bus,
             router: Arc::new(Router::new(Arc::clone(&plugins), Arc::clone(&topology) as _, THIS_NODE)),
         };
-        let reads = Arc::new(ReadLog { database: database.clone(), reads: Mutex::default() });
+        let reads =
+            Arc::new(ReadLog { database: database.clone(), reads: Mutex::default(), after_read: Mutex::default() });
         let storage = Storage {
             messages: Arc::clone(&reads) as _,
             writer: Arc::new(committer),
@@ -548,10 +551,14 @@ impl NodeBus for RecordingBus {
     }
 }
 
+/// Something a test makes happen after a read, before the reader sees its result.
+pub type AfterRead = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// Message reads, passed through to the database, with each `messages_after` noted.
 pub struct ReadLog {
     database: Database,
     reads: Mutex<Vec<(ConversationId, u64)>>,
+    after_read: Mutex<Option<AfterRead>>,
 }
 
 impl ReadLog {
@@ -564,6 +571,12 @@ impl ReadLog {
     pub fn clear(&self) {
         self.reads.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
+
+    /// Runs `hook` after every `messages_after` has read and before its reader gets the
+    /// result: a test's way to make something happen between a read and what follows it.
+    pub fn after_each_read(&self, hook: AfterRead) {
+        *self.after_read.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+    }
 }
 
 #[async_trait]
@@ -575,7 +588,12 @@ impl MessageStore for ReadLog {
         limit: u32,
     ) -> Result<Vec<Message>, StoreError> {
         self.reads.lock().unwrap_or_else(|p| p.into_inner()).push((conversation.clone(), after_seq));
-        self.database.messages_after(conversation, after_seq, limit).await
+        let read = self.database.messages_after(conversation, after_seq, limit).await;
+        let hook = self.after_read.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(hook) = hook {
+            hook().await;
+        }
+        read
     }
 
     async fn messages_before(

@@ -4,15 +4,22 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use herald_proto::v1;
+use tokio::time::Instant;
 
 use super::session::{Session, read_from};
 use super::{Delivery, wire_message};
 use crate::model::{ConversationId, ConversationKind, DeviceId, UserId};
 use crate::store::StoreError;
 
-/// Rounds of catching up on what fan-out offered during backfill before the session goes
-/// live regardless.
-const CATCH_UP_ROUNDS: u32 = 4;
+/// Rounds of reading every conversation, when more were offered during one round than a
+/// session notes, before the session goes live regardless.
+const OVERFLOWED_ROUNDS: u32 = 4;
+
+/// Rounds of catching up on conversations offered something during the round before, after
+/// which a conversation goes live regardless. Each round reads only conversations offered
+/// something new, so one that reaches this bound gets a message in every storage read; it
+/// is a guard against a loop without end, never reached at rates storage keeps up with.
+const HELD_ROUNDS: u32 = 1000;
 
 impl Delivery {
     /// Every conversation a device should follow, with its server-side cursor: its user's
@@ -58,6 +65,11 @@ impl Delivery {
     /// `unfinished` counts the connection as not backfilled yet until this returns.
     pub async fn backfill(self: &Arc<Self>, session: Arc<Session>, unfinished: Unfinished) {
         let _unfinished = unfinished;
+        // Called once the device's login is in the route table: from now on every message
+        // stored reaches this session by fan-out, so a read of what changed that began now
+        // or later misses nothing, however long this backfill waits for its permit. The
+        // devices of a reconnect storm queued on the permits share one such read.
+        let logged_in = Instant::now();
         if !self.vitals.tier().backfills() {
             // Degraded: the device catches up by sync instead.
             session.skip_backfill();
@@ -66,6 +78,7 @@ impl Delivery {
         let Ok(_permit) = self.backfill_permits.acquire().await else { return };
         let resumed = session.take_resume();
         let full = resumed.is_none();
+        let _timed = Timed { logged_in, permitted: Instant::now(), path: if full { "full" } else { "resumed" } };
         metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" })
             .increment(1);
         // A ledger restored after a restart knows what its device lacked when it was saved;
@@ -74,7 +87,7 @@ impl Delivery {
         let mut positions = resumed.unwrap_or_default();
         // When storage cannot say what changed, every conversation is read.
         let full = match since {
-            Some(since) => !self.add_changed(&session, since, &mut positions, true).await,
+            Some(since) => !self.add_changed(&session, since, logged_in, &mut positions, true).await,
             None => full,
         };
         if full {
@@ -95,31 +108,48 @@ impl Delivery {
         if !self.push_after(&session, &mut positions).await {
             return;
         }
-        // Push what fan-out offered meanwhile (it found the session not live) before opening
-        // the session to live pushes, round after round until a round finds nothing new
-        // owed: a live push must not overtake an older message still to come from storage.
-        // A conversation busy enough to owe something every round goes live after the last
-        // round regardless, and what it owes is read just after.
+        // Push what fan-out offered meanwhile (it found the session not live) before live
+        // pushes of the same conversation: a live push must not overtake an older message
+        // still to come from storage. Every conversation offered nothing goes live at once;
+        // the others are held, read again, and looked at again, until a look finds nothing
+        // new offered for them.
         let mut read_all = full;
-        for round in 1..=CATCH_UP_ROUNDS {
-            let owed = if round == CATCH_UP_ROUNDS {
-                session.go_live()
-            } else {
-                match session.go_live_if_nothing_owed() {
-                    Some(owed) => owed,
-                    None => break,
+        let mut overflowed = 0;
+        for _ in 0..HELD_ROUNDS {
+            match session.go_live_except_owed() {
+                Some(owed) if owed.is_empty() => break,
+                Some(owed) => {
+                    let mut catching_up = BTreeMap::new();
+                    for (conversation, lowest) in owed {
+                        if let Some(&position) = positions.get(&conversation) {
+                            catching_up.insert(conversation.clone(), position);
+                        }
+                        read_from(&mut catching_up, conversation, lowest);
+                    }
+                    let open = self.push_after(&session, &mut catching_up).await;
+                    positions.extend(catching_up);
+                    if !open {
+                        return;
+                    }
                 }
-            };
-            match owed {
-                Some(owed) => owed.iter().for_each(|(conversation, &lowest)| {
-                    read_from(&mut positions, conversation.clone(), lowest);
-                }),
-                // Too many conversations to note: read every one.
-                None => read_all = true,
+                // Too many conversations offered to note: read every one, still not live.
+                None if overflowed < OVERFLOWED_ROUNDS => {
+                    overflowed += 1;
+                    read_all = true;
+                    if !self.push_after(&session, &mut positions).await {
+                        return;
+                    }
+                }
+                None => break,
             }
-            if round < CATCH_UP_ROUNDS && !self.push_after(&session, &mut positions).await {
-                return;
+        }
+        // Live in every conversation now, whatever is still owed (read just below).
+        if let Some(owed) = session.go_live() {
+            for (conversation, lowest) in owed {
+                read_from(&mut positions, conversation, lowest);
             }
+        } else {
+            read_all = true;
         }
         // Live now. Look once more for anything stored before and never offered (a fan-out
         // that read the routes from a cache before the login reached it): after a full
@@ -127,7 +157,7 @@ impl Delivery {
         // started meanwhile.
         let read_all = read_all
             || match since {
-                Some(since) => !self.add_changed(&session, since, &mut positions, false).await,
+                Some(since) => !self.add_changed(&session, since, Instant::now(), &mut positions, false).await,
                 None => false,
             };
         if read_all && let Ok(now) = self.device_conversations(&session.user, &session.device).await {
@@ -180,6 +210,24 @@ impl Delivery {
             }
         }
         true
+    }
+}
+
+/// Times one backfill, however it ends, in `herald_delivery_backfill_seconds`: the wait for
+/// a permit, then the reading and pushing.
+struct Timed {
+    logged_in: Instant,
+    permitted: Instant,
+    path: &'static str,
+}
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        let waited = self.permitted.duration_since(self.logged_in).as_secs_f64();
+        metrics::histogram!("herald_delivery_backfill_seconds", "path" => self.path, "part" => "waiting")
+            .record(waited);
+        metrics::histogram!("herald_delivery_backfill_seconds", "path" => self.path, "part" => "reading")
+            .record(self.permitted.elapsed().as_secs_f64());
     }
 }
 

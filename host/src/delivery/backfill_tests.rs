@@ -3,10 +3,11 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::session::Session;
 use crate::store::{CursorStore, CursorUpdate};
-use crate::testkit::{Kit, RecordingOutbox, WAIT, conversation_id, device_id, user_id};
+use crate::testkit::{Kit, RecordingOutbox, WAIT, conversation_id, device_id, request, settle, user_id, uuid};
 
 const DM: &str = "dm:alice:bob";
 
@@ -44,6 +45,36 @@ async fn a_new_session_is_pushed_what_follows_its_cursor_in_order_then_goes_live
         outbox.delivered().iter().map(|m| String::from_utf8(m.body.to_vec()).expect("utf-8")).collect();
     assert_eq!(bodies.first().map(String::as_str), Some("message 2"));
     assert!(session.is_live(), "live pushes go through once backfill is over");
+}
+
+/// A conversation busy enough to be offered a new message during every read backfill makes
+/// of it: each still reaches the device in seq order, no live push overtaking an older
+/// message still to come from storage.
+#[tokio::test]
+async fn a_conversation_offered_a_message_during_every_read_is_pushed_in_order() {
+    const SENDS: u32 = 12;
+    let kit = Kit::new().await;
+    kit.send_ok("alice", "phone", DM, "message 1").await;
+    let outbox = RecordingOutbox::new();
+    let session = kit.attach("bob", "phone", Arc::clone(&outbox)).await;
+    let pipeline = Arc::clone(&kit.pipeline);
+    let sent = Arc::new(AtomicU32::new(1));
+    kit.reads.after_each_read(Arc::new(move || {
+        let (pipeline, sent) = (Arc::clone(&pipeline), Arc::clone(&sent));
+        Box::pin(async move {
+            let n = sent.fetch_add(1, Ordering::SeqCst) + 1;
+            if n <= SENDS {
+                let body = format!("message {n}");
+                settle(pipeline.admit(request("alice", "phone", DM, &uuid(), &body)).await).await;
+            }
+        })
+    }));
+
+    backfill(&kit, &session).await;
+
+    let expected: Vec<(String, u64)> = (1..=u64::from(SENDS)).map(|seq| (DM.to_owned(), seq)).collect();
+    assert_eq!(outbox.delivered_seqs(), expected, "every message once, in seq order");
+    assert!(session.is_live());
 }
 
 #[tokio::test]

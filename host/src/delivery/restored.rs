@@ -56,18 +56,19 @@ impl ChangedSince {
 impl Delivery {
     /// For a session that resumed from a restored ledger: adds to `positions` each of its
     /// device's conversations changed since the ledger was saved, from the seq after what
-    /// the device acked there (or before the first change, if that is later). `first`: on
-    /// the first pass a position already there moves back to cover the change; on a later
-    /// pass only conversations not read yet are added. False when storage could not say;
-    /// the caller then reads every conversation.
+    /// the device acked there (or before the first change, if that is later), as read no
+    /// earlier than `not_before`. `first`: on the first pass a position already there moves
+    /// back to cover the change; on a later pass only conversations not read yet are added.
+    /// False when storage could not say; the caller then reads every conversation.
     pub(super) async fn add_changed(
         &self,
         session: &Session,
         since_id: u64,
+        not_before: Instant,
         positions: &mut BTreeMap<ConversationId, u64>,
         first: bool,
     ) -> bool {
-        let changed = match self.changed.read(&*self.stores.messages, since_id, Instant::now()).await {
+        let changed = match self.changed.read(&*self.stores.messages, since_id, not_before).await {
             Ok(changed) => changed,
             Err(error) => {
                 tracing::warn!(%error, "backfill: cannot read what changed while this node was down");

@@ -22,7 +22,7 @@ use herald_proto::SharedFrame;
 use herald_proto::v1::Frame;
 
 use super::rtt::RttEstimate;
-use crate::maps::HashMap;
+use crate::maps::{HashMap, HashSet};
 use crate::model::{ConnectionId, ConversationId, DeviceId, DeviceLedger, NodeId, UserId};
 
 /// Where a session's frames go: the gateway's socket writer for a local connection.
@@ -148,6 +148,10 @@ struct Ledger {
     owed: HashMap<ConversationId, u64>,
     /// More conversations were owed than [`MAX_OWED_CONVERSATIONS`]; `owed` is incomplete.
     overflowed: bool,
+    /// Conversations backfill is still catching up on once the connection is live: offers
+    /// of these are noted as owed, not pushed, until backfill has read what they owe, so no
+    /// live push overtakes an older message still to come from storage.
+    held: HashSet<ConversationId>,
     /// Dropped, and waiting for its device to come back (reconnect grace).
     parked: bool,
     /// The connection of the same device that took over; offers go there now.
@@ -315,21 +319,28 @@ impl Session {
     pub fn go_live(&self) -> Option<HashMap<ConversationId, u64>> {
         let mut ledger = self.ledger();
         self.live.store(true, Ordering::SeqCst);
+        ledger.held.clear();
         let owed = std::mem::take(&mut ledger.owed);
         (!std::mem::take(&mut ledger.overflowed)).then_some(owed)
     }
 
-    /// Lets live pushes through only if nothing was offered since the last look; otherwise
-    /// stays closed to them and returns what was, as [`go_live`](Self::go_live) does, for
-    /// backfill to push first (so that no live push overtakes an older message).
-    pub fn go_live_if_nothing_owed(&self) -> Option<Option<HashMap<ConversationId, u64>>> {
+    /// Backfill's catch-up step: lets live pushes through in every conversation offered
+    /// nothing since the last look, and returns the ones that were (per conversation, the
+    /// lowest seq), which stay held — their offers still noted as owed — until backfill has
+    /// pushed what they owe from storage and a later look finds nothing new offered. An
+    /// empty answer means the connection is live in every conversation. `None` when more
+    /// conversations were offered than could be noted: nothing goes live, and backfill must
+    /// read every conversation.
+    pub fn go_live_except_owed(&self) -> Option<HashMap<ConversationId, u64>> {
         let mut ledger = self.ledger();
-        if ledger.owed.is_empty() && !ledger.overflowed {
-            self.live.store(true, Ordering::SeqCst);
+        if std::mem::take(&mut ledger.overflowed) {
+            ledger.owed.clear();
             return None;
         }
         let owed = std::mem::take(&mut ledger.owed);
-        Some((!std::mem::take(&mut ledger.overflowed)).then_some(owed))
+        ledger.held = owed.keys().cloned().collect();
+        self.live.store(true, Ordering::SeqCst);
+        Some(owed)
     }
 
     /// Records a cumulative ack; returns whether it moved the device's position forward.
@@ -375,7 +386,7 @@ impl Session {
             Some(Successor::Elsewhere(node)) => return Offered::Forward(*node),
             None => {}
         }
-        if ledger.parked || !self.is_live() {
+        if ledger.parked || !self.is_live() || ledger.held.contains(conversation) {
             ledger.owe(conversation, seq);
             drop(ledger);
             self.changed();

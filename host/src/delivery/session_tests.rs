@@ -25,22 +25,37 @@ fn connection() -> Session {
 }
 
 #[test]
-fn a_session_owing_messages_stays_closed_to_live_pushes_until_they_are_read() {
+fn a_conversation_owing_messages_stays_closed_to_live_pushes_until_they_are_read() {
     let connection = Arc::new(connection());
     let dm = ConversationId::parse("dm:alice:bob").expect("conversation");
+    let grp = ConversationId::parse("grp:team").expect("conversation");
     assert!(connection.offer(&dm, 3).into_push().is_none(), "offered during backfill: owed");
     assert!(connection.offer(&dm, 4).into_push().is_none());
 
-    let owed = connection.go_live_if_nothing_owed().expect("something is owed").expect("noted");
+    let owed = connection.go_live_except_owed().expect("noted");
     assert_eq!(owed, [(dm.clone(), 3)].into_iter().collect(), "read from the lowest seq owed");
-    assert!(!connection.is_live(), "not live while 3 and 4 are still to be pushed from storage");
-    assert!(connection.offer(&dm, 5).into_push().is_none(), "a later message is owed too, not pushed ahead of them");
+    assert!(connection.offer(&grp, 1).into_push().is_some(), "a conversation that owes nothing is live");
+    assert!(connection.offer(&dm, 5).into_push().is_none(), "a later message is owed too, not pushed ahead of 3 and 4");
 
-    let owed = connection.go_live_if_nothing_owed().expect("5 is owed").expect("noted");
-    assert_eq!(owed, [(dm.clone(), 5)].into_iter().collect());
-    assert!(connection.go_live_if_nothing_owed().is_none(), "nothing new owed: live");
+    let owed = connection.go_live_except_owed().expect("noted");
+    assert_eq!(owed, [(dm.clone(), 5)].into_iter().collect(), "still held while 5 is read");
+    assert!(connection.offer(&dm, 6).into_push().is_none());
+    assert_eq!(connection.go_live_except_owed().expect("noted"), [(dm.clone(), 6)].into_iter().collect());
+    assert!(connection.go_live_except_owed().expect("noted").is_empty(), "nothing new owed: live everywhere");
+    assert!(connection.offer(&dm, 7).into_push().is_some(), "pushed live from now on");
+}
+
+#[test]
+fn too_many_conversations_owed_keep_the_whole_session_closed() {
+    let connection = Arc::new(connection());
+    for n in 0..=MAX_OWED_CONVERSATIONS {
+        let conversation = ConversationId::parse(&format!("grp:g{n}")).expect("conversation");
+        assert!(connection.offer(&conversation, 1).into_push().is_none());
+    }
+    assert!(connection.go_live_except_owed().is_none(), "the noted set is incomplete: read everything");
+    assert!(!connection.is_live());
+    assert!(connection.go_live_except_owed().expect("noted").is_empty());
     assert!(connection.is_live());
-    assert!(connection.offer(&dm, 6).into_push().is_some(), "pushed live from now on");
 }
 
 #[test]
