@@ -259,7 +259,7 @@ async fn run(args: &Args) -> Result<(), Error> {
     drop(notify);
     sender.await??;
     // A new process: its counters are this run's.
-    let after = backfills(&args.metrics_url).await?;
+    let (after, timings) = backfills(&args.metrics_url).await?;
 
     let mut took = Histogram::<u64>::new(3)?;
     for device in back.iter().filter(|device| device.dropped) {
@@ -285,6 +285,7 @@ async fn run(args: &Args) -> Result<(), Error> {
         "{}: backfills on the restarted node: {} full (every conversation read), {} resumed (only what was owed)",
         args.label, after.0, after.1
     );
+    println!("{}: where a login's time went on the restarted node (p50 / p99 ms): {timings}", args.label);
     Ok(())
 }
 
@@ -513,11 +514,34 @@ async fn device(
 }
 
 /// `herald_delivery_backfills_total` for the full and the resumed path, from the `/metrics`
-/// at `url`.
-async fn backfills(url: &str) -> Result<(u64, u64), Error> {
+/// at `url`, and the steps of a login there: the route written to Redis and told to the
+/// other nodes, a backfill's wait for its permit, its reading until live and its last
+/// check (p50 / p99 of the node's summaries).
+async fn backfills(url: &str) -> Result<((u64, u64), String), Error> {
     let authority = authority_of(url).ok_or("no host in the URL")?;
     let answer = http::request(&authority, "GET", "/metrics", None, None, WAIT).await?;
     let scrape = Scrape::parse(&answer.body);
     let count = |path: &str| scrape.value("herald_delivery_backfills_total", &[("path", path)]).unwrap_or(0.0) as u64;
-    Ok((count("full"), count("resumed")))
+    let quantiles = |name: &str, labels: &[(&str, &str)]| {
+        let at = |quantile: &str| {
+            let mut labels = labels.to_vec();
+            labels.push(("quantile", quantile));
+            scrape.value(name, &labels).map_or_else(|| "-".to_owned(), |seconds| format!("{:.1}", seconds * 1000.0))
+        };
+        format!("{} / {}", at("0.5"), at("0.99"))
+    };
+    let mut timings = vec![
+        format!("route login {}", quantiles("herald_redis_call_seconds", &[("what", "route login")])),
+        format!(
+            "login told to the other nodes {}",
+            quantiles("herald_cluster_peer_request_seconds", &[("kind", "routes_changed")])
+        ),
+    ];
+    for path in ["resumed", "full"] {
+        for part in ["waiting", "reading", "checking"] {
+            let labels = [("path", path), ("part", part)];
+            timings.push(format!("{path} backfill {part} {}", quantiles("herald_delivery_backfill_seconds", &labels)));
+        }
+    }
+    Ok(((count("full"), count("resumed")), timings.join(", ")))
 }

@@ -75,10 +75,10 @@ impl Delivery {
             session.skip_backfill();
             return;
         }
-        let Ok(_permit) = self.backfill_permits.acquire().await else { return };
+        let Ok(permit) = self.backfill_permits.acquire().await else { return };
         let resumed = session.take_resume();
         let full = resumed.is_none();
-        let _timed = Timed { logged_in, permitted: Instant::now(), path: if full { "full" } else { "resumed" } };
+        let mut timed = Timed::permitted(if full { "full" } else { "resumed" }, logged_in);
         metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" })
             .increment(1);
         // A ledger restored after a restart knows what its device lacked when it was saved;
@@ -151,6 +151,11 @@ impl Delivery {
         } else {
             read_all = true;
         }
+        // What remains is a last look for messages fan-out never offered, which rarely finds
+        // any: the next device in a reconnect storm need not wait for it. Its reads still
+        // queue for the database's connections like any other.
+        drop(permit);
+        timed.live();
         // Live now. Look once more for anything stored before and never offered (a fan-out
         // that read the routes from a cache before the login reached it): after a full
         // backfill, or too many owed to note, in every conversation, since one may have
@@ -213,21 +218,41 @@ impl Delivery {
     }
 }
 
-/// Times one backfill, however it ends, in `herald_delivery_backfill_seconds`: the wait for
-/// a permit, then the reading and pushing.
+/// Times the parts of one backfill in `herald_delivery_backfill_seconds{path,part}`:
+/// `waiting` for a permit from the login on, `reading` what the device lacked until it is
+/// live in every conversation, and `checking` for what fan-out never offered after that.
 struct Timed {
-    logged_in: Instant,
-    permitted: Instant,
     path: &'static str,
+    /// When the current part began.
+    since: Instant,
+    part: &'static str,
+}
+
+impl Timed {
+    /// A permit was had now: the wait since `logged_in` is recorded, the reading begins.
+    fn permitted(path: &'static str, logged_in: Instant) -> Self {
+        let mut timed = Self { path, since: logged_in, part: "waiting" };
+        timed.next("reading");
+        timed
+    }
+
+    /// Live in every conversation now: the reading is recorded, the last check begins.
+    fn live(&mut self) {
+        self.next("checking");
+    }
+
+    fn next(&mut self, part: &'static str) {
+        let now = Instant::now();
+        metrics::histogram!("herald_delivery_backfill_seconds", "path" => self.path, "part" => self.part)
+            .record(now.duration_since(self.since).as_secs_f64());
+        (self.since, self.part) = (now, part);
+    }
 }
 
 impl Drop for Timed {
+    /// However the backfill ends; a session that closed midway records its part so far.
     fn drop(&mut self) {
-        let waited = self.permitted.duration_since(self.logged_in).as_secs_f64();
-        metrics::histogram!("herald_delivery_backfill_seconds", "path" => self.path, "part" => "waiting")
-            .record(waited);
-        metrics::histogram!("herald_delivery_backfill_seconds", "path" => self.path, "part" => "reading")
-            .record(self.permitted.elapsed().as_secs_f64());
+        self.next("");
     }
 }
 

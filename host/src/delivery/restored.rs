@@ -25,8 +25,13 @@ pub type Changed = Arc<BTreeMap<ConversationId, u64>>;
 /// The latest read of what changed, shared by the backfills that can use it.
 #[derive(Default)]
 pub struct ChangedSince {
-    /// Held across a read, so that backfills waiting meanwhile take its result.
-    latest: Mutex<Option<Read>>,
+    /// The latest read made.
+    latest: std::sync::Mutex<Option<Read>>,
+    /// Held across a read, so that backfills needing a newer one than `latest` wait for the
+    /// read under way and take its result. A backfill that `latest` serves never waits for
+    /// it: in a reconnect storm the last checks of live sessions keep a read under way, and
+    /// the first pass of the next device must not queue behind them.
+    reading: Mutex<()>,
 }
 
 struct Read {
@@ -39,17 +44,28 @@ impl ChangedSince {
     /// What changed from `since_id` on, read no earlier than `not_before`: a read that began
     /// then or later from an id no higher serves (it holds at least as much).
     async fn read(&self, store: &dyn MessageStore, since_id: u64, not_before: Instant) -> Result<Changed, StoreError> {
-        let mut latest = self.latest.lock().await;
-        if let Some(read) = &*latest
-            && read.since_id <= since_id
-            && read.started >= not_before
-        {
-            return Ok(Arc::clone(&read.changed));
+        if let Some(changed) = self.serving(since_id, not_before) {
+            return Ok(changed);
+        }
+        let _reading = self.reading.lock().await;
+        if let Some(changed) = self.serving(since_id, not_before) {
+            return Ok(changed); // the read this one waited for serves
         }
         let started = Instant::now();
         let changed: Changed = Arc::new(store.changed_since(since_id).await?.into_iter().collect());
-        *latest = Some(Read { since_id, started, changed: Arc::clone(&changed) });
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Read { since_id, started, changed: Arc::clone(&changed) });
         Ok(changed)
+    }
+
+    /// The latest read's result, if it serves: begun no earlier than `not_before`, from an
+    /// id no higher than `since_id`.
+    fn serving(&self, since_id: u64, not_before: Instant) -> Option<Changed> {
+        let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        latest
+            .as_ref()
+            .filter(|read| read.since_id <= since_id && read.started >= not_before)
+            .map(|read| Arc::clone(&read.changed))
     }
 }
 
