@@ -123,3 +123,80 @@ impl Delivery {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::model::{ClientMsgId, Message, UserId};
+    use crate::testkit::WAIT;
+
+    /// A store whose reads of what changed wait while its gate is shut, and are counted.
+    struct Gated {
+        reads: AtomicUsize,
+        open: watch::Receiver<bool>,
+    }
+
+    #[async_trait]
+    impl MessageStore for Gated {
+        async fn messages_after(&self, _: &ConversationId, _: u64, _: u32) -> Result<Vec<Message>, StoreError> {
+            Ok(Vec::new())
+        }
+        async fn messages_before(&self, _: &ConversationId, _: u64, _: u32) -> Result<Vec<Message>, StoreError> {
+            Ok(Vec::new())
+        }
+        async fn latest_seq(&self, _: &ConversationId) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+        async fn changed_since(&self, _: u64) -> Result<Vec<(ConversationId, u64)>, StoreError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let _ = self.open.clone().wait_for(|open| *open).await;
+            Ok(Vec::new())
+        }
+        async fn message_by_client_id(&self, _: &UserId, _: &ClientMsgId) -> Result<Option<Message>, StoreError> {
+            Ok(None)
+        }
+    }
+
+    /// In a reconnect storm the last checks of live sessions keep a read under way; the
+    /// first pass of a device logged in before the latest read began takes that read, and
+    /// does not queue behind the one under way.
+    #[tokio::test]
+    async fn a_backfill_the_latest_read_serves_does_not_wait_for_a_read_under_way() {
+        let (gate, open) = watch::channel(true);
+        let store = Arc::new(Gated { reads: AtomicUsize::new(0), open });
+        let shared = Arc::new(ChangedSince::default());
+        let logged_in = Instant::now();
+        shared.read(&*store, 7, logged_in).await.expect("the first read");
+
+        gate.send_replace(false);
+        let checking = tokio::spawn({
+            let (shared, store) = (Arc::clone(&shared), Arc::clone(&store));
+            // A read begun after this moment is needed: a new one.
+            let after = Instant::now() + Duration::from_nanos(1);
+            async move { shared.read(&*store, 7, after).await }
+        });
+        tokio::time::timeout(WAIT, async {
+            while store.reads.load(Ordering::SeqCst) < 2 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the last check's read is under way");
+
+        let served = tokio::time::timeout(WAIT, shared.read(&*store, 7, logged_in)).await;
+        assert!(served.expect("served by the latest read, not queued behind the one under way").is_ok());
+        assert_eq!(store.reads.load(Ordering::SeqCst), 2, "no read of its own");
+
+        gate.send_replace(true);
+        checking.await.expect("the check ends").expect("its read");
+        let later = shared.read(&*store, 7, logged_in).await;
+        assert!(later.is_ok());
+        assert_eq!(store.reads.load(Ordering::SeqCst), 2, "the newer read serves too");
+    }
+}
