@@ -77,10 +77,10 @@ impl Delivery {
         }
         let Ok(permit) = self.backfill_permits.acquire().await else { return };
         let resumed = session.take_resume();
+        let path = if resumed.is_none() { "full" } else { "resumed" };
         let full = resumed.is_none();
-        let mut timed = Timed::permitted(if full { "full" } else { "resumed" }, logged_in);
-        metrics::counter!("herald_delivery_backfills_total", "path" => if full { "full" } else { "resumed" })
-            .increment(1);
+        let mut timed = Timed::permitted(path, logged_in);
+        metrics::counter!("herald_delivery_backfills_total", "path" => path).increment(1);
         // A ledger restored after a restart knows what its device lacked when it was saved;
         // what changed while the node was down, storage says.
         let since = session.since().filter(|_| !full);
