@@ -148,12 +148,18 @@ impl Delivery {
         let mut conversations = Vec::with_capacity(wanted.len());
         for (conversation, after) in wanted {
             self.membership.check_read(&session.user, &conversation).await?;
-            let messages = self.stores.messages.messages_after(&conversation, after, limit).await?;
+            // In this order: the latest seq, what is still in flight, then the messages. Every
+            // seq up to that latest one was taken before it was read, so one not in flight
+            // when asked is settled, and the read that follows holds it if it was stored. In
+            // any other order a message stored between the reads would be claimed complete
+            // and never returned: the device would skip it for good.
             let latest_seq = self.stores.messages.latest_seq(&conversation).await?;
+            let settled_through = self.settled_through(&session.user, &conversation, after, latest_seq).await;
+            let messages = self.stores.messages.messages_after(&conversation, after, limit).await?;
             let complete_through_seq = if messages.len() as u32 == limit {
-                messages.last().map_or(after, |m| m.seq)
+                messages.last().map_or(after, |m| m.seq).min(settled_through)
             } else {
-                self.complete_through(&session.user, &conversation, after, latest_seq).await
+                settled_through
             };
             // What the deliver-filter keeps from this user is a gap below
             // `complete_through_seq`: the device knows not to wait for it.
@@ -168,9 +174,10 @@ impl Delivery {
         Ok(v1::SyncReply { conversations })
     }
 
-    /// Everything durable after `after` was read: complete through the latest seq, unless
-    /// the owner is still storing a lower one (not a gap, just not there yet).
-    async fn complete_through(&self, user: &UserId, conversation: &ConversationId, after: u64, latest: u64) -> u64 {
+    /// How far a read of what follows `after`, made from now on, is complete: through
+    /// `latest` (read just before), unless the owner is still storing a lower seq (not a
+    /// gap, just not there yet).
+    async fn settled_through(&self, user: &UserId, conversation: &ConversationId, after: u64, latest: u64) -> u64 {
         match self.frontier.lowest_in_flight(user, conversation).await {
             Ok(Some(in_flight)) => latest.min(in_flight.saturating_sub(1)).max(after),
             Ok(None) => latest.max(after),
@@ -250,3 +257,7 @@ fn room_of(name: &str) -> Result<ConversationId, PullError> {
         _ => Err(PullError::Invalid(format!("{name} is not a room; rooms are room:<name>"))),
     }
 }
+
+#[cfg(test)]
+#[path = "pull_tests.rs"]
+mod tests;
