@@ -108,16 +108,44 @@ impl Delivery {
         if !self.push_after(&session, &mut positions).await {
             return;
         }
-        // Push what fan-out offered meanwhile (it found the session not live) before live
-        // pushes of the same conversation: a live push must not overtake an older message
-        // still to come from storage. Every conversation offered nothing goes live at once;
-        // the others are held, read again, and looked at again, until a look finds nothing
-        // new offered for them.
-        let mut read_all = full;
+        // What remains reads little: the next device in a reconnect storm need not wait for
+        // it. Its reads still queue for the database's connections like any other.
+        drop(permit);
+        timed.checking();
+        // Look once more for anything stored before and never offered (a fan-out that read
+        // the routes from a cache before the login reached it): after a full backfill, in
+        // every conversation, since one may have started meanwhile. Still not live, so that
+        // nothing offered meanwhile is pushed ahead of an older message this look finds.
+        let read_all = full
+            || match since {
+                Some(since) => !self.add_changed(&session, since, Instant::now(), &mut positions, false).await,
+                None => false,
+            };
+        if read_all {
+            self.add_every_conversation(&session, &mut positions).await;
+        }
+        if self.push_after(&session, &mut positions).await && self.go_live_in_order(&session, positions, read_all).await
+        {
+            session.clear_since();
+            session.end_claims();
+        }
+    }
+
+    /// Lets live pushes through: first in every conversation offered nothing while backfill
+    /// read, then in the others once what they were offered is pushed from storage. A live
+    /// push must not overtake an older message still to come from storage, so a conversation
+    /// offered something is held, read again, and looked at again, until a look finds nothing
+    /// new offered for it. False when the session closed meanwhile.
+    async fn go_live_in_order(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        mut positions: BTreeMap<ConversationId, u64>,
+        mut read_all: bool,
+    ) -> bool {
         let mut overflowed = 0;
         for _ in 0..HELD_ROUNDS {
             match session.go_live_except_owed() {
-                Some(owed) if owed.is_empty() => break,
+                Some(owed) if owed.is_empty() => return true,
                 Some(owed) => {
                     let mut catching_up = BTreeMap::new();
                     for (conversation, lowest) in owed {
@@ -126,53 +154,51 @@ impl Delivery {
                         }
                         read_from(&mut catching_up, conversation, lowest);
                     }
-                    let open = self.push_after(&session, &mut catching_up).await;
+                    let open = self.push_after(session, &mut catching_up).await;
                     positions.extend(catching_up);
                     if !open {
-                        return;
+                        return false;
                     }
                 }
                 // Too many conversations offered to note: read every one, still not live.
                 None if overflowed < OVERFLOWED_ROUNDS => {
                     overflowed += 1;
-                    read_all = true;
-                    if !self.push_after(&session, &mut positions).await {
-                        return;
+                    if !read_all {
+                        read_all = self.add_every_conversation(session, &mut positions).await;
+                    }
+                    if !self.push_after(session, &mut positions).await {
+                        return false;
                     }
                 }
                 None => break,
             }
         }
-        // Live in every conversation now, whatever is still owed (read just below).
-        if let Some(owed) = session.go_live() {
-            for (conversation, lowest) in owed {
+        // A guard was reached: live in every conversation regardless, and what is still owed
+        // (every conversation, when too much to note) is read after.
+        match session.go_live() {
+            Some(owed) => owed.into_iter().for_each(|(conversation, lowest)| {
                 read_from(&mut positions, conversation, lowest);
-            }
-        } else {
-            read_all = true;
+            }),
+            None if !read_all => _ = self.add_every_conversation(session, &mut positions).await,
+            None => {}
         }
-        // What remains is a last look for messages fan-out never offered, which rarely finds
-        // any: the next device in a reconnect storm need not wait for it. Its reads still
-        // queue for the database's connections like any other.
-        drop(permit);
-        timed.live();
-        // Live now. Look once more for anything stored before and never offered (a fan-out
-        // that read the routes from a cache before the login reached it): after a full
-        // backfill, or too many owed to note, in every conversation, since one may have
-        // started meanwhile.
-        let read_all = read_all
-            || match since {
-                Some(since) => !self.add_changed(&session, since, Instant::now(), &mut positions, false).await,
-                None => false,
-            };
-        if read_all && let Ok(now) = self.device_conversations(&session.user, &session.device).await {
-            for (conversation, cursor) in now {
-                positions.entry(conversation).or_insert(cursor);
+        self.push_after(session, &mut positions).await
+    }
+
+    /// Adds every conversation the device follows that `positions` lacks, from its cursor;
+    /// false when storage could not say which they are.
+    async fn add_every_conversation(&self, session: &Session, positions: &mut BTreeMap<ConversationId, u64>) -> bool {
+        match self.device_conversations(&session.user, &session.device).await {
+            Ok(conversations) => {
+                for (conversation, cursor) in conversations {
+                    positions.entry(conversation).or_insert(cursor);
+                }
+                true
             }
-        }
-        if self.push_after(&session, &mut positions).await {
-            session.clear_since();
-            session.end_claims();
+            Err(error) => {
+                tracing::warn!(%error, "backfill: cannot read which conversations the device follows");
+                false
+            }
         }
     }
 
@@ -219,8 +245,9 @@ impl Delivery {
 }
 
 /// Times the parts of one backfill in `herald_delivery_backfill_seconds{path,part}`:
-/// `waiting` for a permit from the login on, `reading` what the device lacked until it is
-/// live in every conversation, and `checking` for what fan-out never offered after that.
+/// `waiting` for a permit from the login on, `reading` what the device lacked (the first
+/// pass, with the permit), and `checking`: the last look for what fan-out never offered,
+/// and catching up on what it offered meanwhile, until live in every conversation.
 struct Timed {
     path: &'static str,
     /// When the current part began.
@@ -236,8 +263,9 @@ impl Timed {
         timed
     }
 
-    /// Live in every conversation now: the reading is recorded, the last check begins.
-    fn live(&mut self) {
+    /// The first pass is over: the reading is recorded, the last look and catching up until
+    /// live begin.
+    fn checking(&mut self) {
         self.next("checking");
     }
 

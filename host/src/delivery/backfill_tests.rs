@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use super::session::Session;
 use crate::store::{CursorStore, CursorUpdate};
@@ -74,6 +74,44 @@ async fn a_conversation_offered_a_message_during_every_read_is_pushed_in_order()
 
     let expected: Vec<(String, u64)> = (1..=u64::from(SENDS)).map(|seq| (DM.to_owned(), seq)).collect();
     assert_eq!(outbox.delivered_seqs(), expected, "every message once, in seq order");
+    assert!(session.is_live());
+}
+
+/// A message fan-out never offered the session (a route read from a cache before the login
+/// reached it) is found by backfill's last look; a newer one offered during that look still
+/// reaches the device after it, oldest first.
+#[tokio::test]
+async fn a_message_the_last_look_finds_is_pushed_before_one_offered_during_it() {
+    let kit = Kit::new().await;
+    let carol = "dm:bob:carol";
+    kit.send_ok("carol", "phone", carol, "hi bob").await;
+    let outbox = RecordingOutbox::new();
+    let session = kit.attach("bob", "phone", Arc::clone(&outbox)).await;
+    let (pipeline, sessions, reads) = (Arc::clone(&kit.pipeline), Arc::clone(&kit.sessions), Arc::clone(&kit.reads));
+    let (unoffered, offered) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let bob = Arc::clone(&session);
+    kit.reads.after_each_read(Arc::new(move || {
+        let (pipeline, sessions, reads, bob) =
+            (Arc::clone(&pipeline), Arc::clone(&sessions), Arc::clone(&reads), Arc::clone(&bob));
+        let (unoffered, offered) = (Arc::clone(&unoffered), Arc::clone(&offered));
+        Box::pin(async move {
+            let last = reads.reads().last().map(|(conversation, _)| conversation.to_string());
+            if last.as_deref() == Some(carol) && !unoffered.swap(true, Ordering::SeqCst) {
+                // While the first pass reads: stored, and never offered to bob.
+                sessions.remove(bob.id);
+                settle(pipeline.admit(request("alice", "phone", DM, &uuid(), "never offered")).await).await;
+                sessions.insert(Arc::clone(&bob));
+            } else if last.as_deref() == Some(DM) && !offered.swap(true, Ordering::SeqCst) {
+                // While the last look reads it: offered.
+                settle(pipeline.admit(request("alice", "phone", DM, &uuid(), "offered")).await).await;
+            }
+        })
+    }));
+
+    backfill(&kit, &session).await;
+
+    let in_dm: Vec<u64> = outbox.delivered_seqs().into_iter().filter(|(c, _)| c == DM).map(|(_, seq)| seq).collect();
+    assert_eq!(in_dm, vec![1, 2], "oldest first");
     assert!(session.is_live());
 }
 
