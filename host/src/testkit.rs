@@ -49,7 +49,7 @@ use crate::routing::rooms::{MemoryRoomDirectory, Rooms};
 use crate::routing::router::Router;
 use crate::routing::topology::{RingView, StaticTopology, Topology};
 use crate::routing::{MemoryRouteTable, Route, RouteTable};
-use crate::store::{Database, GroupCommitter, MessageStore, StoreError};
+use crate::store::{Database, GroupCommitter, MessageStore, SeqSpan, StoreError};
 
 /// The node the kit plays.
 pub const THIS_NODE: NodeId = NodeId(1);
@@ -609,7 +609,7 @@ impl MessageStore for ReadLog {
         self.database.latest_seq(conversation).await
     }
 
-    async fn changed_since(&self, since_id: u64) -> Result<Vec<(ConversationId, u64)>, StoreError> {
+    async fn changed_since(&self, since_id: u64) -> Result<Vec<(ConversationId, SeqSpan)>, StoreError> {
         self.database.changed_since(since_id).await
     }
 

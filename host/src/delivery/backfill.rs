@@ -87,7 +87,7 @@ impl Delivery {
         let mut positions = resumed.unwrap_or_default();
         // When storage cannot say what changed, every conversation is read.
         let full = match since {
-            Some(since) => !self.add_changed(&session, since, logged_in, &mut positions, true).await,
+            Some(since) => !self.add_changed(&session, since, logged_in, &mut positions).await,
             None => full,
         };
         if full {
@@ -114,18 +114,26 @@ impl Delivery {
         timed.checking();
         // Look once more for anything stored before and never offered (a fan-out that read
         // the routes from a cache before the login reached it): after a full backfill, in
-        // every conversation, since one may have started meanwhile. Still not live, so that
+        // every conversation, since one may have started meanwhile; after a restored one,
+        // where storage says something changed past what was read. Still not live, so that
         // nothing offered meanwhile is pushed ahead of an older message this look finds.
-        let read_all = full
-            || match since {
-                Some(since) => !self.add_changed(&session, since, Instant::now(), &mut positions, false).await,
-                None => false,
-            };
-        if read_all {
-            self.add_every_conversation(&session, &mut positions).await;
-        }
-        if self.push_after(&session, &mut positions).await && self.go_live_in_order(&session, positions, read_all).await
-        {
+        let unread = match since {
+            Some(since) if !full => self.unread_changes(&session, since, Instant::now(), &positions).await,
+            _ => None,
+        };
+        let read_all = full || (since.is_some() && unread.is_none());
+        let mut look = match unread {
+            Some(unread) => unread,
+            None => {
+                if read_all {
+                    self.add_every_conversation(&session, &mut positions).await;
+                }
+                positions.clone()
+            }
+        };
+        let open = self.push_after(&session, &mut look).await;
+        positions.extend(look);
+        if open && self.go_live_in_order(&session, positions, read_all).await {
             session.clear_since();
             session.end_claims();
         }

@@ -1,11 +1,12 @@
 //! `Delivery::backfill` on messages stored in SQLite through the pipeline: what a device
 //! that connects is pushed, which conversations are read for it, and when it goes live.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use super::session::Session;
+use crate::model::DeviceLedger;
 use crate::store::{CursorStore, CursorUpdate};
 use crate::testkit::{Kit, RecordingOutbox, WAIT, conversation_id, device_id, request, settle, user_id, uuid};
 
@@ -159,6 +160,40 @@ async fn a_resumed_session_reads_only_the_conversations_it_is_owed() {
     assert_eq!(outbox.delivered_seqs(), vec![(DM.to_owned(), 3)]);
     assert_eq!(conversations_read(&kit), BTreeSet::from([DM.to_owned()]), "{carol} is not read: nothing is owed there");
     assert!(back.is_live());
+}
+
+/// A device whose ledger was restored after a restart is read in the conversations its
+/// ledger owes and those storage says changed since the save; its last look (for what
+/// fan-out never offered) reads again only a conversation changed past what was read, so
+/// with nothing new stored each is read once.
+#[tokio::test]
+async fn a_restored_session_reads_each_conversation_once_when_nothing_new_came() {
+    let kit = Kit::new().await;
+    let carol = "dm:bob:carol";
+    kit.send_ok("carol", "phone", carol, "before the save").await;
+    kit.send_ok("alice", "phone", DM, "after the save").await;
+    let since_id = kit.stored(DM).await[0].id;
+    let ledger = DeviceLedger {
+        acked: BTreeMap::new(),
+        read_after: BTreeMap::from([(conversation_id(carol), 0)]),
+        since_id: Some(since_id),
+    };
+    let restored = Arc::new(Session::restored(kit.connection_id(), user_id("bob"), device_id("phone"), ledger));
+    let outbox = RecordingOutbox::new();
+    let session = kit.attach("bob", "phone", Arc::clone(&outbox)).await;
+    assert!(session.resume_from(&restored));
+    kit.reads.clear();
+
+    backfill(&kit, &session).await;
+
+    let mut reads: Vec<String> =
+        kit.reads.reads().into_iter().map(|(conversation, _)| conversation.to_string()).collect();
+    reads.sort();
+    assert_eq!(reads, [DM.to_owned(), carol.to_owned()], "each read once");
+    let delivered: BTreeSet<(String, u64)> = outbox.delivered_seqs().into_iter().collect();
+    assert_eq!(delivered, BTreeSet::from([(DM.to_owned(), 1), (carol.to_owned(), 1)]));
+    assert!(session.is_live());
+    assert_eq!(session.since(), None, "what changed since the save is read");
 }
 
 #[tokio::test]

@@ -17,10 +17,10 @@ use tokio::time::Instant;
 use super::Delivery;
 use super::session::Session;
 use crate::model::{ConversationId, ConversationKind, GroupId};
-use crate::store::{MessageStore, StoreError};
+use crate::store::{MessageStore, SeqSpan, StoreError};
 
-/// Conversations changed from a message id on, each with its lowest seq since.
-pub type Changed = Arc<BTreeMap<ConversationId, u64>>;
+/// Conversations changed from a message id on, each with its lowest and highest seq since.
+pub type Changed = Arc<BTreeMap<ConversationId, SeqSpan>>;
 
 /// The latest read of what changed, shared by the backfills that can use it.
 #[derive(Default)]
@@ -73,8 +73,7 @@ impl Delivery {
     /// For a session that resumed from a restored ledger: adds to `positions` each of its
     /// device's conversations changed since the ledger was saved, from the seq after what
     /// the device acked there (or before the first change, if that is later), as read no
-    /// earlier than `not_before`. `first`: on the first pass a position already there moves
-    /// back to cover the change; on a later pass only conversations not read yet are added.
+    /// earlier than `not_before`; a position already there moves back to cover the change.
     /// False when storage could not say; the caller then reads every conversation.
     pub(super) async fn add_changed(
         &self,
@@ -82,17 +81,59 @@ impl Delivery {
         since_id: u64,
         not_before: Instant,
         positions: &mut BTreeMap<ConversationId, u64>,
-        first: bool,
     ) -> bool {
+        let Some(changes) = self.followed_changes(session, since_id, not_before).await else { return false };
+        for (conversation, span) in changes {
+            let from = session.acked_through(&conversation).max(span.lowest.saturating_sub(1));
+            positions.entry(conversation).and_modify(|position| *position = (*position).min(from)).or_insert(from);
+        }
+        true
+    }
+
+    /// Backfill's last look for a session that resumed from a restored ledger: of its
+    /// device's conversations changed since the ledger was saved, as read no earlier than
+    /// `not_before`, those with a message past what `positions` says was read, each from
+    /// there (from what `add_changed` would give, if not read at all). A conversation read
+    /// through its latest change has nothing new to read. `None` when storage could not
+    /// say; the caller then reads every conversation.
+    pub(super) async fn unread_changes(
+        &self,
+        session: &Session,
+        since_id: u64,
+        not_before: Instant,
+        positions: &BTreeMap<ConversationId, u64>,
+    ) -> Option<BTreeMap<ConversationId, u64>> {
+        let changes = self.followed_changes(session, since_id, not_before).await?;
+        let mut unread = BTreeMap::new();
+        for (conversation, span) in changes {
+            let from = match positions.get(&conversation) {
+                Some(&read) if read >= span.highest => continue,
+                Some(&read) => read,
+                None => session.acked_through(&conversation).max(span.lowest.saturating_sub(1)),
+            };
+            unread.insert(conversation, from);
+        }
+        Some(unread)
+    }
+
+    /// The conversations `session`'s user follows that changed from `since_id` on, as read
+    /// no earlier than `not_before`; `None` when storage could not say.
+    async fn followed_changes(
+        &self,
+        session: &Session,
+        since_id: u64,
+        not_before: Instant,
+    ) -> Option<Vec<(ConversationId, SeqSpan)>> {
         let changed = match self.changed.read(&*self.stores.messages, since_id, not_before).await {
             Ok(changed) => changed,
             Err(error) => {
                 tracing::warn!(%error, "backfill: cannot read what changed while this node was down");
-                return false;
+                return None;
             }
         };
         let mut groups: Option<BTreeSet<GroupId>> = None;
-        for (conversation, &lowest) in changed.iter() {
+        let mut followed = Vec::new();
+        for (conversation, &span) in changed.iter() {
             let follows = match conversation.kind() {
                 ConversationKind::Direct(a, b) => a == session.user || b == session.user,
                 ConversationKind::Group(group) => {
@@ -101,7 +142,7 @@ impl Delivery {
                             Ok(of) => groups = Some(of.into_iter().collect()),
                             Err(error) => {
                                 tracing::warn!(%error, "backfill: cannot read the groups of a restored device");
-                                return false;
+                                return None;
                             }
                         }
                     }
@@ -110,17 +151,11 @@ impl Delivery {
                 // Rooms are caught up by their subscriptions (`since_seq`), not by backfill.
                 ConversationKind::Room(_) => false,
             };
-            if !follows {
-                continue;
-            }
-            let from = session.acked_through(conversation).max(lowest.saturating_sub(1));
-            match positions.get_mut(conversation) {
-                Some(position) if first => *position = (*position).min(from),
-                Some(_) => {}
-                None => _ = positions.insert(conversation.clone(), from),
+            if follows {
+                followed.push((conversation.clone(), span));
             }
         }
-        true
+        Some(followed)
     }
 }
 
@@ -153,7 +188,7 @@ mod tests {
         async fn latest_seq(&self, _: &ConversationId) -> Result<u64, StoreError> {
             Ok(0)
         }
-        async fn changed_since(&self, _: u64) -> Result<Vec<(ConversationId, u64)>, StoreError> {
+        async fn changed_since(&self, _: u64) -> Result<Vec<(ConversationId, SeqSpan)>, StoreError> {
             self.reads.fetch_add(1, Ordering::SeqCst);
             let _ = self.open.clone().wait_for(|open| *open).await;
             Ok(Vec::new())

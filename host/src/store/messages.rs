@@ -21,8 +21,8 @@ use super::batch::{Submission, Written, insert_statement, stored_ids};
 use super::id_marks::{marks_of, raise_statement};
 use super::seq_lease::{Fence, fence_of};
 use super::{
-    Database, Inserted, MessageStore, Pool, ROWS_PER_STATEMENT, StoreError, SyncFailure, on_backend, parse_stored,
-    signed, unsigned,
+    Database, Inserted, MessageStore, Pool, ROWS_PER_STATEMENT, SeqSpan, StoreError, SyncFailure, on_backend,
+    parse_stored, signed, unsigned,
 };
 use crate::maps::{HashMap, HashSet};
 use crate::model::{ClientMsgId, ConversationId, DeviceId, Message, UserId};
@@ -380,14 +380,15 @@ impl MessageStore for Database {
         latest.map_or(Ok(0), |seq| unsigned(seq, "seq"))
     }
 
-    async fn changed_since(&self, since_id: u64) -> Result<Vec<(ConversationId, u64)>, StoreError> {
-        let rows: Vec<(String, i64)> = on_backend!(self.reader, |pool, sql| {
+    async fn changed_since(&self, since_id: u64) -> Result<Vec<(ConversationId, SeqSpan)>, StoreError> {
+        let rows: Vec<(String, i64, i64)> = on_backend!(self.reader, |pool, sql| {
             sqlx::query_as(sql.changed_since).bind(signed(since_id)).fetch_all(pool).await?
         });
         self.settle().await?;
         rows.into_iter()
-            .map(|(conversation, seq)| {
-                Ok((parse_stored(&conversation, "conversation", ConversationId::parse)?, unsigned(seq, "seq")?))
+            .map(|(conversation, lowest, highest)| {
+                let span = SeqSpan { lowest: unsigned(lowest, "seq")?, highest: unsigned(highest, "seq")? };
+                Ok((parse_stored(&conversation, "conversation", ConversationId::parse)?, span))
             })
             .collect()
     }

@@ -14,7 +14,7 @@ pub const SQL: Sql = Sql {
     messages_after: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = ? AND seq > ? ORDER BY seq ASC LIMIT ?",
     messages_before: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
     latest_seq: "SELECT MAX(seq) FROM messages WHERE conversation = ?",
-    changed_since: "SELECT conversation, MIN(seq) FROM messages WHERE id >= ? GROUP BY conversation",
+    changed_since: "SELECT conversation, MIN(seq), MAX(seq) FROM messages WHERE id >= ? GROUP BY conversation",
     // No RETURNING on an upsert: lock the row, apply the rule in Rust, update, commit. A
     // conversation's first lease creates its row first (a no-op when it exists), outside
     // the transaction: a locking read of a missing row takes a gap lock, and two nodes

@@ -24,7 +24,7 @@ pub const SQL: Sql = Sql {
     messages_after: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = $1 AND seq > $2 ORDER BY seq ASC LIMIT $3",
     messages_before: "SELECT id, conversation, seq, sender, sender_device, client_msg_id, kind, body, sent_at_ms FROM messages WHERE conversation = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
     latest_seq: "SELECT MAX(seq) FROM messages WHERE conversation = $1",
-    changed_since: "SELECT conversation, MIN(seq) FROM messages WHERE id >= $1 GROUP BY conversation",
+    changed_since: "SELECT conversation, MIN(seq), MAX(seq) FROM messages WHERE id >= $1 GROUP BY conversation",
     // The claim leases when the row is new, already its node's, or held at an older epoch
     // (the WHERE); refused, the statement returns no row. SET reads the row as it was.
     lease: LeaseSql::Returning {

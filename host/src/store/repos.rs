@@ -50,11 +50,12 @@ pub trait MessageStore: Send + Sync + 'static {
     async fn latest_seq(&self, conversation: &ConversationId) -> Result<u64, StoreError>;
 
     /// Every conversation with a message whose id is at least `since_id`, each with the
-    /// lowest seq among those messages: what changed from a moment on (ids grow with time).
+    /// lowest and the highest seq among those messages: what changed from a moment on (ids
+    /// grow with time).
     ///
     /// # Errors
     /// As [`messages_after`](Self::messages_after).
-    async fn changed_since(&self, since_id: u64) -> Result<Vec<(ConversationId, u64)>, StoreError>;
+    async fn changed_since(&self, since_id: u64) -> Result<Vec<(ConversationId, SeqSpan)>, StoreError>;
 
     /// The message `sender` sent with `client_msg_id`, if stored: the original of a
     /// duplicate whose dedup mark is gone.
@@ -193,6 +194,13 @@ impl Ticket {
 }
 
 /// "This device has every message of the conversation up to `seq`."
+/// The lowest and the highest seq of a conversation's messages in some range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SeqSpan {
+    pub lowest: u64,
+    pub highest: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CursorUpdate {
     pub user: UserId,

@@ -7,7 +7,7 @@ use herald_host::model::{ClientMsgId, ConversationId, DeviceId, GroupId, Message
 use herald_host::store::plugin_registry::NodeReport;
 use herald_host::store::{
     Backend, ConversationStore, CursorStore, CursorUpdate, Database, GroupCommitter, GroupStore, Inserted,
-    MessageStore, MessageWriter, PluginRegistryStore, Pool, StoreError,
+    MessageStore, MessageWriter, PluginRegistryStore, Pool, SeqSpan, StoreError,
 };
 
 use crate::on_every_backend;
@@ -365,8 +365,8 @@ async fn invalid_stored_ids_are_skipped_in_lists_and_reported_in_messages(backen
     db.drop_database().await;
 }
 
-/// Each conversation with a message from an id on, with its lowest seq since: what a
-/// restarted node reads to learn what it missed.
+/// Each conversation with a message from an id on, with its lowest and highest seq since:
+/// what a restarted node reads to learn what it missed.
 async fn what_changed_from_an_id_on(backend: Backend) {
     let db = migrated(backend).await;
     let batch = [
@@ -381,9 +381,14 @@ async fn what_changed_from_an_id_on(backend: Backend) {
     }
     let mut changed = db.database.changed_since(20).await.expect("read");
     changed.sort();
-    let expected = [(conversation("dm:x:y"), 2), (conversation("dm:x:z"), 1), (conversation("grp:crew"), 1)];
+    let span = |lowest, highest| SeqSpan { lowest, highest };
+    let expected = [
+        (conversation("dm:x:y"), span(2, 3)),
+        (conversation("dm:x:z"), span(1, 1)),
+        (conversation("grp:crew"), span(1, 1)),
+    ];
     assert_eq!(changed, expected);
-    assert_eq!(db.database.changed_since(41).await.expect("read"), [(conversation("dm:x:z"), 1)]);
+    assert_eq!(db.database.changed_since(41).await.expect("read"), [(conversation("dm:x:z"), span(1, 1))]);
     assert!(db.database.changed_since(51).await.expect("read").is_empty());
     db.drop_database().await;
 }
