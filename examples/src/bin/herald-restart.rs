@@ -515,8 +515,8 @@ async fn device(
 
 /// `herald_delivery_backfills_total` for the full and the resumed path, from the `/metrics`
 /// at `url`, and the steps of a login there: the route written to Redis and told to the
-/// other nodes, a backfill's wait for its permit, its reading until live and its last
-/// check (p50 / p99 of the node's summaries).
+/// other nodes, a backfill's wait for its permit, its first pass, and its last check with
+/// the catching up until live (p50 / p99 of the node's summaries).
 async fn backfills(url: &str) -> Result<((u64, u64), String), Error> {
     let authority = authority_of(url).ok_or("no host in the URL")?;
     let answer = http::request(&authority, "GET", "/metrics", None, None, WAIT).await?;

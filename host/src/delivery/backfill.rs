@@ -122,17 +122,19 @@ impl Delivery {
             _ => None,
         };
         let read_all = full || (since.is_some() && unread.is_none());
-        let mut look = match unread {
-            Some(unread) => unread,
+        let open = match unread {
+            Some(mut unread) => {
+                let open = self.push_after(&session, &mut unread).await;
+                positions.extend(unread);
+                open
+            }
             None => {
                 if read_all {
                     self.add_every_conversation(&session, &mut positions).await;
                 }
-                positions.clone()
+                self.push_after(&session, &mut positions).await
             }
         };
-        let open = self.push_after(&session, &mut look).await;
-        positions.extend(look);
         if open && self.go_live_in_order(&session, positions, read_all).await {
             session.clear_since();
             session.end_claims();

@@ -84,7 +84,7 @@ impl Delivery {
     ) -> bool {
         let Some(changes) = self.followed_changes(session, since_id, not_before).await else { return false };
         for (conversation, span) in changes {
-            let from = session.acked_through(&conversation).max(span.lowest.saturating_sub(1));
+            let from = first_to_read(session, &conversation, span);
             positions.entry(conversation).and_modify(|position| *position = (*position).min(from)).or_insert(from);
         }
         true
@@ -109,7 +109,7 @@ impl Delivery {
             let from = match positions.get(&conversation) {
                 Some(&read) if read >= span.highest => continue,
                 Some(&read) => read,
-                None => session.acked_through(&conversation).max(span.lowest.saturating_sub(1)),
+                None => first_to_read(session, &conversation, span),
             };
             unread.insert(conversation, from);
         }
@@ -157,6 +157,12 @@ impl Delivery {
         }
         Some(followed)
     }
+}
+
+/// Where a read of a changed conversation starts for `session`: after what its device acked
+/// there, or before the first change, if that is later.
+fn first_to_read(session: &Session, conversation: &ConversationId, span: SeqSpan) -> u64 {
+    session.acked_through(conversation).max(span.lowest.saturating_sub(1))
 }
 
 #[cfg(test)]

@@ -193,7 +193,6 @@ impl Ticket {
     }
 }
 
-/// "This device has every message of the conversation up to `seq`."
 /// The lowest and the highest seq of a conversation's messages in some range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SeqSpan {
@@ -201,6 +200,7 @@ pub struct SeqSpan {
     pub highest: u64,
 }
 
+/// "This device has every message of the conversation up to `seq`."
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CursorUpdate {
     pub user: UserId,
