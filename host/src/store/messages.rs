@@ -183,7 +183,7 @@ impl Database {
             // Two hand-offs to SQLite's connection thread rather than four (see
             // `sqlite::insert_batch`).
             Pool::Sqlite(pool) if batch.len() <= ROWS_PER_STATEMENT => {
-                super::sqlite::insert_batch(pool, batch, writer, self.wal.as_ref()).await?
+                super::sqlite::insert_batch(pool, batch, writer, self.wal.as_ref(), &self.raised_marks).await?
             }
             _ => self.insert_batch_in_transaction(batch, writer).await?,
         };
@@ -218,7 +218,7 @@ impl Database {
         batch: &'m [Submission],
         writer: u32,
     ) -> Result<Written, StoreError> {
-        let marks = marks_of(batch.iter().map(|submission| submission.message.id), writer);
+        let marks = self.raised_marks.to_raise(&marks_of(batch.iter().map(|submission| submission.message.id), writer));
         // One transaction for the whole batch (one commit, one fsync), split into
         // statements small enough for every driver's limit on bound parameters.
         let mut inserted: HashSet<i64> = HashSet::with_capacity_and_hasher(batch.len(), Default::default());
@@ -290,13 +290,16 @@ impl Database {
                 }
             }
             // Last before the commit, so the mark's row is locked no longer than it takes.
-            raise_statement(sql, &marks).build().execute(&mut *transaction).await?;
+            if !marks.is_empty() {
+                raise_statement(sql, &marks).build().execute(&mut *transaction).await?;
+            }
             let sync = self.wal.as_ref().map(|wal| wal.announce());
             let commit = transaction.commit().await;
             if let (Some(wal), Some(number)) = (&self.wal, sync) {
                 wal.finished(number, commit.is_err()).await;
             }
             commit?;
+            self.raised_marks.committed(&marks);
             sync
         });
         Ok(Written { inserted, fenced, sync })

@@ -267,6 +267,8 @@ pub struct Database {
     /// SQLite with `sqlite_synchronous = "full"`: makes message commits durable after they
     /// return, off the writer's thread (see [`wal_sync`]).
     pub(crate) wal: Option<Arc<WalSync>>,
+    /// The id marks this process committed, so commits they cover skip raising them.
+    pub(crate) raised_marks: Arc<id_marks::RaisedMarks>,
 }
 
 /// What an SQLite error says about the file, when it says it is not a database or is
@@ -401,7 +403,7 @@ impl Database {
                 (pool.clone(), pool)
             }
         };
-        Ok(Self { reader, writer, wal })
+        Ok(Self { reader, writer, wal, raised_marks: Arc::default() })
     }
 
     /// Which backend this is.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sqlx::sqlite::SqlitePool;
 
 use super::batch::{Submission, Written, insert_statement, stored_ids};
-use super::id_marks::{marks_of, raise_statement};
+use super::id_marks::{RaisedMarks, marks_of, raise_statement};
 use super::wal_sync::WalSync;
 use super::{LeaseSql, Sql, StoreError, signed};
 use crate::maps::HashSet;
@@ -49,7 +49,8 @@ pub const SQL: Sql = Sql {
 };
 
 /// Writes a batch that fits one statement (at most `ROWS_PER_STATEMENT` rows) as two
-/// statements, each its own transaction: first the id marks of `writer`, then the rows.
+/// statements, each its own transaction: first the id marks of `writer` (unless `raised`
+/// says the ones committed before cover the batch), then the rows.
 ///
 /// The driver runs each SQLite connection on a thread of its own, and every statement,
 /// `BEGIN` and `COMMIT` is a hand-off to that thread and back. When messages come one at a
@@ -64,13 +65,17 @@ pub(super) async fn insert_batch(
     batch: &[Submission],
     writer: u32,
     wal: Option<&Arc<WalSync>>,
+    raised: &RaisedMarks,
 ) -> Result<Written, StoreError> {
     let mut messages: Vec<_> = batch.iter().map(|submission| &submission.message).collect();
     // As in the generic path: each conversation's index entries go in one after another.
     messages.sort_unstable_by(|a, b| (a.conversation.as_str(), a.seq).cmp(&(b.conversation.as_str(), b.seq)));
     let mut connection = pool.acquire().await?;
-    let marks = marks_of(messages.iter().map(|m| m.id), writer);
-    raise_statement(&SQL, &marks).build().execute(&mut *connection).await?;
+    let marks = raised.to_raise(&marks_of(messages.iter().map(|m| m.id), writer));
+    if !marks.is_empty() {
+        raise_statement(&SQL, &marks).build().execute(&mut *connection).await?;
+        raised.committed(&marks);
+    }
 
     let sync = wal.map(|wal| wal.announce());
     let insert = insert_statement(&SQL, messages.iter().copied()).build().execute(&mut *connection).await;
