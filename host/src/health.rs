@@ -197,6 +197,25 @@ pub struct Sample {
     pub point: Point,
 }
 
+/// The send queues as a sample reads them: how many connections are open, and the depths
+/// of the queues that hold frames (every other queue holds none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueDepths {
+    pub connections: u64,
+    pub queued: Vec<u32>,
+}
+
+/// The `share` percentile (0..=1) of the depths of `connections` queues, of which those not
+/// in `queued` (reordered) are empty; 0 for no connection.
+fn depth_percentile(connections: u64, queued: &mut [u32], share: f64) -> u32 {
+    let empty = connections.saturating_sub(queued.len() as u64);
+    let rank = ((connections as f64 * share).ceil() as u64).clamp(1, connections.max(1)) - 1;
+    match usize::try_from(rank.saturating_sub(empty)) {
+        Ok(among_queued) if rank >= empty && among_queued < queued.len() => *queued.select_nth_unstable(among_queued).1,
+        _ => 0,
+    }
+}
+
 /// The shortest window a CPU reading covers: a tick's error over it is at most 0.04 of
 /// one core.
 const MIN_CPU_WINDOW: std::time::Duration = std::time::Duration::from_millis(250);
@@ -238,12 +257,12 @@ impl Sampler {
         }
     }
 
-    /// A snapshot from `vitals`, the queue depths (one per open connection), the store's
-    /// write latencies and the send backlog.
+    /// A snapshot from `vitals`, the send queues, the store's write latencies and the send
+    /// backlog.
     pub fn sample(
         &mut self,
         vitals: &Vitals,
-        mut queue_depths: Vec<u32>,
+        queues: QueueDepths,
         store_writes: &LatencyWindow,
         backlog: usize,
     ) -> Sample {
@@ -261,7 +280,7 @@ impl Sampler {
         let errors = delta(&vitals.errors, &mut self.last_errors);
         let stored = delta(&vitals.stored, &mut self.last_stored);
         let cpu_load = self.cpu_load(now);
-        let connections = queue_depths.len() as u64;
+        let QueueDepths { connections, queued: mut depths } = queues;
         let point = Point {
             at_ms: SystemClock.now_ms(),
             messages_per_s: stored as f32 / seconds,
@@ -271,8 +290,8 @@ impl Sampler {
         };
         let health = Health {
             connections,
-            send_queue_depth_max: queue_depths.iter().copied().max().unwrap_or(0),
-            send_queue_depth_p99: percentile(&mut queue_depths, 0.99),
+            send_queue_depth_max: depths.iter().copied().max().unwrap_or(0),
+            send_queue_depth_p99: depth_percentile(connections, &mut depths, 0.99),
             store_latency_p99_ms: store_writes.take_p99_ms(),
             redelivery_ratio: if pushes + redeliveries == 0 {
                 0.0
@@ -326,6 +345,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_depth_percentile_counts_the_empty_queues() {
+        let p99 = |connections, queued: &[u32]| depth_percentile(connections, &mut queued.to_vec(), 0.99);
+        assert_eq!(p99(0, &[]), 0, "no connection");
+        assert_eq!(p99(19_000, &[]), 0, "every queue empty");
+        assert_eq!(p99(200, &[5]), 0, "one busy queue in 200 is below the 99th");
+        assert_eq!(p99(100, &[7, 5]), 5, "two in 100: the 99th is the lesser");
+        assert_eq!(p99(3, &[10, 3]), 10);
+        assert_eq!(p99(1, &[4]), 4);
+        // As the percentile of every depth, the empty ones written out.
+        let mut all = vec![0; 97];
+        all.extend([9, 2, 6]);
+        assert_eq!(p99(100, &[9, 2, 6]), percentile(&mut all, 0.99));
+    }
+
+    #[test]
     fn sampler_turns_counts_into_ratios_and_rates() {
         let vitals = Vitals::default();
         let mut sampler = Sampler::new();
@@ -338,14 +372,15 @@ mod tests {
         vitals.count_stored();
         vitals.count_stored();
         vitals.deliver_acks.record(Duration::from_micros(4_500));
-        let Sample { health, point } = sampler.sample(&vitals, vec![0, 3, 10], &writes, 7);
+        let Sample { health, point } =
+            sampler.sample(&vitals, QueueDepths { connections: 3, queued: vec![10, 3] }, &writes, 7);
         assert_eq!((health.connections, health.send_queue_depth_max, health.send_queue_depth_p99), (3, 10, 10));
         assert!((health.redelivery_ratio - 0.25).abs() < 1e-6, "{health:?}");
         assert_eq!(health.store_latency_p99_ms, 12);
         assert!(health.errors_per_second > 0.0);
         assert!(point.messages_per_s > 0.0, "{point:?}");
         assert_eq!((point.deliver_p99_ms, point.connections, point.backlog), (4.5, 3, 7));
-        let Sample { health: quiet, point: still } = sampler.sample(&vitals, Vec::new(), &writes, 0);
+        let Sample { health: quiet, point: still } = sampler.sample(&vitals, QueueDepths::default(), &writes, 0);
         assert_eq!((still.messages_per_s, still.deliver_p99_ms, still.backlog), (0.0, 0.0, 0));
         assert_eq!(
             (quiet.redelivery_ratio, quiet.errors_per_second, quiet.connections, quiet.store_latency_p99_ms),
@@ -365,7 +400,7 @@ mod tests {
             x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
         }
         std::hint::black_box(x);
-        let Sample { health, .. } = sampler.sample(&vitals, Vec::new(), &writes, 0);
+        let Sample { health, .. } = sampler.sample(&vitals, QueueDepths::default(), &writes, 0);
         assert_eq!(health.cpu_load, 0.0, "40 ms is no window to read a load over");
     }
 

@@ -599,7 +599,7 @@ async fn watch_health(
         let depths = gateway.queue_depths();
         let sample = sampler.sample(&vitals, depths, committer.write_latency(), gateway.backlog());
         metrics::gauge!("herald_store_latency_p99_ms").set(f64::from(sample.health.store_latency_p99_ms));
-        // The depths this sample already read, one per connection: exported as the node's
+        // The depths this sample already read: exported as the node's
         // deepest queue and its p99, so the writers pay nothing more and no series is kept
         // per connection.
         metrics::gauge!("herald_gateway_send_queue_max_frames").set(f64::from(sample.health.send_queue_depth_max));

@@ -8,7 +8,7 @@
 //! blocking the caller, so one slow client can never stall delivery to others.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::delivery::session::Outbox;
+use crate::health::QueueDepths;
 use crate::maps::DashMap;
 use crate::model::ConnectionId;
 
@@ -90,6 +91,9 @@ pub struct Connection {
     /// When a frame last came from the client, in ms after `opened`: the writer asks for a
     /// `pong` only after a long enough silence.
     heard_ms: AtomicU64,
+    /// How many connections of the node hold queued frames ([`Connections`]' count): this
+    /// one adds itself while its queue is not empty.
+    queued: Arc<AtomicUsize>,
 }
 
 #[derive(Default)]
@@ -110,8 +114,13 @@ struct State {
 const KEEP_QUEUE_SLOTS: usize = 64;
 
 impl Connection {
-    /// A connection whose queue holds at most `capacity` frames.
+    /// A connection whose queue holds at most `capacity` frames, counted by no registry.
     pub fn new(id: ConnectionId, capacity: usize) -> Self {
+        Self::counted(id, capacity, Arc::default())
+    }
+
+    /// As [`Connection::new`], adding itself to `queued` while frames wait in its queue.
+    fn counted(id: ConnectionId, capacity: usize, queued: Arc<AtomicUsize>) -> Self {
         Self {
             id,
             capacity: capacity.max(1),
@@ -121,7 +130,17 @@ impl Connection {
             changed: Notify::new(),
             opened: Instant::now(),
             heard_ms: AtomicU64::new(0),
+            queued,
         }
+    }
+
+    /// Queues `outgoing` in `state` (its lock held), counting the connection as one with
+    /// frames queued when the queue was empty.
+    fn enqueue(&self, state: &mut State, outgoing: Outgoing) {
+        if state.queue.is_empty() {
+            self.queued.fetch_add(1, Ordering::Relaxed);
+        }
+        state.queue.push_back(outgoing);
     }
 
     /// A frame came from the client just now.
@@ -164,7 +183,7 @@ impl Connection {
             self.close(CloseReason::new(close::SLOW_CONSUMER, "send queue overflowed; reconnect and sync"));
             return false;
         }
-        state.queue.push_back(outgoing);
+        self.enqueue(&mut state, outgoing);
         drop(state);
         self.wake_writer.notify_one();
         true
@@ -193,7 +212,7 @@ impl Connection {
                 }
                 if state.queue.len() < self.waiting_room() {
                     let frame = frame.take().expect("queued once");
-                    state.queue.push_back(Outgoing::Own(frame));
+                    self.enqueue(&mut state, Outgoing::Own(frame));
                     drop(state);
                     self.wake_writer.notify_one();
                     return true;
@@ -214,6 +233,9 @@ impl Connection {
     pub(super) fn pop(&self) -> Option<Outgoing> {
         let mut state = self.state();
         let next = state.queue.pop_front();
+        if next.is_some() && state.queue.is_empty() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
         if state.queue.is_empty() && state.queue.capacity() > KEEP_QUEUE_SLOTS {
             state.queue = VecDeque::new();
         }
@@ -277,6 +299,9 @@ impl Connection {
         let dropped = {
             let mut state = self.state();
             state.writer_done = true;
+            if !state.queue.is_empty() {
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+            }
             std::mem::take(&mut state.queue)
         };
         drop(dropped);
@@ -314,6 +339,16 @@ impl Connection {
     }
 }
 
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Dropped with frames still queued (its writer never ran): no longer one that holds any.
+        let state = self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !state.queue.is_empty() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 #[async_trait]
 impl Outbox for Connection {
     fn push(&self, frame: Frame) -> bool {
@@ -337,9 +372,19 @@ impl Outbox for Connection {
 #[derive(Default)]
 pub struct Connections {
     by_id: DashMap<ConnectionId, Arc<Connection>>,
+    /// How many connections made by [`Connections::connection`] hold queued frames: while
+    /// none does, the health sample reads no queue (an idle node's many connections cost it
+    /// a lock each, every sample, otherwise).
+    queued: Arc<AtomicUsize>,
 }
 
 impl Connections {
+    /// A connection whose queue holds at most `capacity` frames, counted among those with
+    /// frames queued while it has some.
+    pub fn connection(&self, id: ConnectionId, capacity: usize) -> Connection {
+        Connection::counted(id, capacity, Arc::clone(&self.queued))
+    }
+
     pub fn insert(&self, connection: Arc<Connection>) {
         self.by_id.insert(connection.id, connection);
     }
@@ -367,9 +412,16 @@ impl Connections {
         crate::maps::shrink_if_sparse(&self.by_id);
     }
 
-    /// The send-queue depth of every open connection.
-    pub fn queue_depths(&self) -> Vec<u32> {
-        self.by_id.iter().map(|connection| connection.queue_depth()).collect()
+    /// How many connections are open, and the send-queue depths of those with frames
+    /// queued.
+    pub fn queue_depths(&self) -> QueueDepths {
+        let connections = self.by_id.len() as u64;
+        let queued = if self.queued.load(Ordering::Relaxed) == 0 {
+            Vec::new()
+        } else {
+            self.by_id.iter().map(|connection| connection.queue_depth()).filter(|&depth| depth > 0).collect()
+        };
+        QueueDepths { connections, queued }
     }
 
     /// Sends every connection `go_away` (see [`Connection::go_away`]), naming the URL
@@ -395,6 +447,32 @@ mod tests {
 
     fn frame() -> Frame {
         Frame::new(0, v1::Pong { time_ms: 0 })
+    }
+
+    #[tokio::test]
+    async fn the_registry_reads_only_the_queues_that_hold_frames() {
+        let connections = Connections::default();
+        let depths = |connections: &Connections| connections.queue_depths();
+        let (one, two) =
+            (Arc::new(connections.connection(ConnectionId(1), 8)), connections.connection(ConnectionId(2), 8));
+        connections.insert(Arc::clone(&one));
+        assert_eq!(depths(&connections), QueueDepths { connections: 1, queued: vec![] });
+
+        assert!(one.push(frame()) && one.push(frame()));
+        assert!(one.push_waiting(frame()).await);
+        assert_eq!(depths(&connections), QueueDepths { connections: 1, queued: vec![3] });
+        while one.pop().is_some() {}
+        assert_eq!(depths(&connections), QueueDepths { connections: 1, queued: vec![] }, "emptied by the writer");
+
+        assert!(one.push(frame()));
+        one.writer_stopped();
+        assert_eq!(depths(&connections), QueueDepths { connections: 1, queued: vec![] }, "dropped with the writer");
+
+        // Never registered, dropped with a frame queued: counted while it lived, not after.
+        assert!(two.push(frame()));
+        assert_eq!(connections.queued.load(Ordering::Relaxed), 1);
+        drop(two);
+        assert_eq!(connections.queued.load(Ordering::Relaxed), 0);
     }
 
     #[test]

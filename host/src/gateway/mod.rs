@@ -52,6 +52,7 @@ use crate::config::GatewayConfig;
 use crate::delivery::Delivery;
 use crate::delivery::backfill::Unfinished;
 use crate::delivery::session::Session;
+use crate::health::QueueDepths;
 use crate::model::{ConnectionId, DeviceId, DeviceLedger, NodeId, UserId};
 use crate::pipeline::Pipeline;
 use crate::plugins::PluginHost;
@@ -208,8 +209,9 @@ impl Gateway {
         self.config.send_queue
     }
 
-    /// How many frames wait in each open connection's send queue, for the health sample.
-    pub fn queue_depths(&self) -> Vec<u32> {
+    /// How many connections are open and how many frames wait in the send queues that hold
+    /// any, for the health sample.
+    pub fn queue_depths(&self) -> QueueDepths {
         self.connections.queue_depths()
     }
 
@@ -322,7 +324,7 @@ async fn serve_socket(gateway: Arc<Gateway>, socket: WebSocket, _permit: Connect
         Err(None) => return,
     };
     let id = ConnectionId(gateway.next_connection.fetch_add(1, Ordering::Relaxed));
-    let connection = Arc::new(Connection::new(id, gateway.config.send_queue));
+    let connection = Arc::new(gateway.connections.connection(id, gateway.config.send_queue));
     let session = Arc::new(Session::new(id, user, device, Arc::clone(&connection) as _));
     let client = Client { connection, session, budget: gateway.intake.send_budget() };
     Box::pin(attach(&gateway, &client, rid, sink, encoding)).await;
