@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::clock::{SystemClock, WallClock};
 
+use crate::store::latency::percentile_rank;
 pub use crate::store::latency::{LatencyWindow, percentile};
 
 /// Counts the node keeps as it works; the sampler reads them as rates.
@@ -208,10 +209,11 @@ pub struct QueueDepths {
 /// The `share` percentile (0..=1) of the depths of `connections` queues, of which those not
 /// in `queued` (reordered) are empty; 0 for no connection.
 fn depth_percentile(connections: u64, queued: &mut [u32], share: f64) -> u32 {
-    let empty = connections.saturating_sub(queued.len() as u64);
-    let rank = ((connections as f64 * share).ceil() as u64).clamp(1, connections.max(1)) - 1;
-    match usize::try_from(rank.saturating_sub(empty)) {
-        Ok(among_queued) if rank >= empty && among_queued < queued.len() => *queued.select_nth_unstable(among_queued).1,
+    let connections = usize::try_from(connections).unwrap_or(usize::MAX);
+    let empty = connections.saturating_sub(queued.len());
+    // The empty queues take the lowest ranks.
+    match percentile_rank(connections, share).checked_sub(empty) {
+        Some(at) if at < queued.len() => *queued.select_nth_unstable(at).1,
         _ => 0,
     }
 }

@@ -115,6 +115,7 @@ const KEEP_QUEUE_SLOTS: usize = 64;
 
 impl Connection {
     /// A connection whose queue holds at most `capacity` frames, counted by no registry.
+    #[cfg(test)]
     pub fn new(id: ConnectionId, capacity: usize) -> Self {
         Self::counted(id, capacity, Arc::default())
     }
@@ -452,21 +453,24 @@ mod tests {
     #[tokio::test]
     async fn the_registry_reads_only_the_queues_that_hold_frames() {
         let connections = Connections::default();
-        let depths = |connections: &Connections| connections.queue_depths();
         let (one, two) =
             (Arc::new(connections.connection(ConnectionId(1), 8)), connections.connection(ConnectionId(2), 8));
         connections.insert(Arc::clone(&one));
-        assert_eq!(depths(&connections), QueueDepths { connections: 1, queued: vec![] });
+        assert_eq!(connections.queue_depths(), QueueDepths { connections: 1, queued: vec![] });
 
         assert!(one.push(frame()) && one.push(frame()));
         assert!(one.push_waiting(frame()).await);
-        assert_eq!(depths(&connections), QueueDepths { connections: 1, queued: vec![3] });
+        assert_eq!(connections.queue_depths(), QueueDepths { connections: 1, queued: vec![3] });
         while one.pop().is_some() {}
-        assert_eq!(depths(&connections), QueueDepths { connections: 1, queued: vec![] }, "emptied by the writer");
+        assert_eq!(connections.queue_depths(), QueueDepths { connections: 1, queued: vec![] }, "emptied by the writer");
 
         assert!(one.push(frame()));
         one.writer_stopped();
-        assert_eq!(depths(&connections), QueueDepths { connections: 1, queued: vec![] }, "dropped with the writer");
+        assert_eq!(
+            connections.queue_depths(),
+            QueueDepths { connections: 1, queued: vec![] },
+            "dropped with the writer"
+        );
 
         // Never registered, dropped with a frame queued: counted while it lived, not after.
         assert!(two.push(frame()));

@@ -60,8 +60,13 @@ pub fn percentile(values: &mut [u32], share: f64) -> u32 {
     if values.is_empty() {
         return 0;
     }
-    let rank = ((values.len() as f64 * share).ceil() as usize).clamp(1, values.len()) - 1;
-    *values.select_nth_unstable(rank).1
+    *values.select_nth_unstable(percentile_rank(values.len(), share)).1
+}
+
+/// Where the `share` percentile (0..=1) of `count` values sits among them in ascending
+/// order (0 for none).
+pub fn percentile_rank(count: usize, share: f64) -> usize {
+    ((count as f64 * share).ceil() as usize).clamp(1, count.max(1)) - 1
 }
 
 #[cfg(test)]
