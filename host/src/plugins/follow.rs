@@ -154,9 +154,12 @@ impl Follower {
         };
         let mut memory = self.memory.lock().await;
         let mut answered_any = false;
+        let mut installed = Vec::new();
         for deployment in &deployments {
             answered_any |= self.answer_pending(&mut memory, deployment).await;
-            self.apply(&mut memory, deployment).await;
+            if self.apply(&mut memory, deployment).await {
+                installed.push(deployment);
+            }
         }
         // Versions no deployment names any more are let go.
         memory.prepared.retain(|(name, version, shadow), _| {
@@ -168,6 +171,13 @@ impl Follower {
             })
         });
         answered_any |= self.let_go(&mut memory, &deployments).await;
+        // A deploy's answer waits for every node's report of the new generation: written
+        // before the notice that wakes the deploying node (after the calls were let go, so
+        // the write does not lengthen a hold), or it would find none and sleep to its poll.
+        for deployment in &installed {
+            self.write_report(&mut memory, &deployment.name, deployment, true).await;
+        }
+        answered_any |= !installed.is_empty();
         if answered_any {
             // The deploying node waits on the reports written above: wake it (and every
             // other) now, before the other reports, since a switch holds calls meanwhile.
@@ -289,28 +299,35 @@ impl Follower {
         true
     }
 
-    /// Installs the versions of `deployment` when its generation is not the one applied.
-    async fn apply(&self, memory: &mut Memory, deployment: &Deployment) {
+    /// Installs the versions of `deployment` when its generation is not the one applied;
+    /// whether it installed them.
+    async fn apply(&self, memory: &mut Memory, deployment: &Deployment) -> bool {
         let name = &deployment.name;
         if memory.applied.get(name) == Some(&deployment.generation) {
-            return;
+            return false;
         }
         if deployment.generation == 0 {
             // Uploaded, never deployed: the folder's file of that name (if any) serves.
             memory.applied.insert(name.clone(), 0);
-            return;
+            return false;
         }
         let active = match &deployment.active {
             Some(version) => match self.prepared(memory, name, version, false).await {
                 Ok(prepared) => Some(prepared),
-                Err(why) => return self.install_failed(memory, name, why),
+                Err(why) => {
+                    self.install_failed(memory, name, why);
+                    return false;
+                }
             },
             None => None,
         };
         let shadow = match &deployment.shadow {
             Some(version) => match self.prepared(memory, name, version, true).await {
                 Ok(prepared) => Some(prepared),
-                Err(why) => return self.install_failed(memory, name, why),
+                Err(why) => {
+                    self.install_failed(memory, name, why);
+                    return false;
+                }
             },
             None => None,
         };
@@ -325,6 +342,7 @@ impl Follower {
         memory.applied.insert(name.clone(), deployment.generation);
         memory.serving.insert(name.clone(), (deployment.active.clone(), deployment.shadow.clone()));
         memory.errors.remove(name);
+        true
     }
 
     fn install_failed(&self, memory: &mut Memory, name: &str, why: String) {
