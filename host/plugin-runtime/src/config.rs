@@ -211,6 +211,10 @@ pub struct PluginHostConfig {
     /// With `pooling`: instances alive at once across all plugins (idle in pools and in
     /// flight). A call that needs one more fails and its failure policy answers.
     pub max_instances: u32,
+    /// Machine code of compiled functions kept for the next compile, MiB (0: none). A new
+    /// version of a plugin compiles only the functions that changed; the others are
+    /// taken from here.
+    pub compile_cache_mib: u64,
     /// Quarantine rule.
     pub quarantine: QuarantinePolicy,
     /// How much of the active version's traffic a shadow version (`NAME.shadow.wasm`) sees.
@@ -232,6 +236,7 @@ impl Default for PluginHostConfig {
             epoch_tick_ms: 5,
             pooling: true,
             max_instances: 1_000,
+            compile_cache_mib: 64,
             quarantine: QuarantinePolicy::default(),
             shadow: ShadowPolicy::default(),
             canary: CanaryPolicy::default(),

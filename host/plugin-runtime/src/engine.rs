@@ -7,7 +7,7 @@
 //! small. The ticker is an OS thread, not a tokio task: a plugin spinning in a loop holds
 //! its tokio worker, and with every worker held a ticker task would never run.
 
-use crate::{config::PluginHostConfig, error::PluginError, state::StoreState};
+use crate::{compiled::CompiledFunctions, config::PluginHostConfig, error::PluginError, state::StoreState};
 use herald_plugin_bindings::AllHooks;
 use std::{
     sync::{
@@ -36,6 +36,8 @@ pub(crate) struct Runtime {
     pub linker: Linker<StoreState>,
     /// Components compiled so far (a reload that changes only a manifest compiles nothing).
     pub compilations: std::sync::atomic::AtomicU64,
+    /// The functions compiled so far, for the next compile (none when turned off).
+    pub compiled: Option<Arc<CompiledFunctions>>,
     pub ticker: EpochTicker,
 }
 
@@ -82,6 +84,11 @@ impl Runtime {
                 .table_keep_resident(TABLE_KEEP_RESIDENT);
             c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         }
+        let compiled =
+            (config.compile_cache_mib > 0).then(|| Arc::new(CompiledFunctions::new(config.compile_cache_mib)));
+        if let Some(compiled) = &compiled {
+            c.enable_incremental_compilation(Arc::clone(compiled) as _).map_err(engine_err)?;
+        }
         let engine = Engine::new(&c).map_err(engine_err)?;
         let mut linker = Linker::new(&engine);
         // Rust's wasm32-wasip2 std imports wasi:cli/io/clocks/...; they are served from an
@@ -97,7 +104,7 @@ impl Runtime {
         .map_err(engine_err)?;
         linker.instance("herald:plugin/types@0.1.0").map_err(engine_err)?;
         let ticker = EpochTicker::start(engine.clone(), config.epoch_tick())?;
-        Ok(Self { engine, linker, compilations: std::sync::atomic::AtomicU64::new(0), ticker })
+        Ok(Self { engine, linker, compilations: std::sync::atomic::AtomicU64::new(0), compiled, ticker })
     }
 }
 

@@ -29,6 +29,7 @@ mod canary;
 mod chains;
 mod check;
 mod clock;
+mod compiled;
 mod config;
 pub mod cpu;
 mod engine;

@@ -226,6 +226,12 @@ impl PluginHost {
         self.inner.runtime.compilations.load(Relaxed)
     }
 
+    /// Of the functions the compiles since the host started looked up in the compile cache
+    /// (`compile_cache_mib`), those found there and those compiled; `(0, 0)` without one.
+    pub fn compile_cache(&self) -> (u64, u64) {
+        self.inner.runtime.compiled.as_ref().map_or((0, 0), |compiled| compiled.counts())
+    }
+
     /// Names of the plugins serving `hook`, in chain order.
     pub fn chain(&self, hook: Hook) -> Vec<String> {
         self.inner.registry.load().chains[hook.index()].iter().map(|p| p.name.to_string()).collect()

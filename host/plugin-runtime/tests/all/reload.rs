@@ -3,7 +3,7 @@
 
 use crate::support::poll::poll;
 use crate::support::{TestHost, built, install, message, no_quarantine};
-use herald_plugin_runtime::{PluginState, types::MessageDecision};
+use herald_plugin_runtime::{PluginHostConfig, PluginState, types::MessageDecision};
 use std::{
     path::Path,
     sync::{
@@ -237,4 +237,33 @@ async fn a_switch_holds_the_calls_of_the_plugins_hooks_and_no_others() {
     t.host.install("echo", Some(&v2), None).await;
     drop(hold);
     assert_eq!(held.await.expect("no panic"), rewrite("echo-v2"), "the held call is answered by the new version");
+}
+
+/// A new version compiles only the functions that changed: the others' machine code comes
+/// from the compile cache, and the version behaves as compiled whole. Without the cache
+/// (`compile_cache_mib = 0`) nothing is looked up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_version_compiles_only_the_functions_that_changed() {
+    let wasm = |krate: &str| std::fs::read(built().guests.join(format!("{krate}.wasm"))).expect("a built guest");
+    let t = TestHost::new(no_quarantine());
+    let v1 = t.host.prepare("echo", false, wasm("echo_v1"), "").await.expect("v1 prepares");
+    let (hits_v1, compiled_v1) = t.host.compile_cache();
+    assert!(compiled_v1 > 0, "the first version compiles its functions");
+    t.host.install("echo", Some(&v1), None).await;
+    assert_eq!(version(&t).await, rewrite("echo-v1"));
+
+    let v2 = t.host.prepare("echo", false, wasm("echo_v2"), "").await.expect("v2 prepares");
+    let (hits, compiled) = t.host.compile_cache();
+    let (hits_v2, compiled_v2) = (hits - hits_v1, compiled - compiled_v1);
+    assert!(
+        hits_v2 > compiled_v2,
+        "most of v2's functions come from the cache: {hits_v2} taken, {compiled_v2} compiled"
+    );
+    t.host.install("echo", Some(&v2), None).await;
+    assert_eq!(version(&t).await, rewrite("echo-v2"), "the version built from cached code answers as itself");
+
+    let config = PluginHostConfig { compile_cache_mib: 0, ..no_quarantine() };
+    let uncached = TestHost::new(config);
+    uncached.host.prepare("echo", false, wasm("echo_v1"), "").await.expect("v1 prepares without a cache");
+    assert_eq!(uncached.host.compile_cache(), (0, 0));
 }
