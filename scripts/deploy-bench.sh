@@ -12,7 +12,11 @@
 # Each part also prints the median of each step of its deploys (the answer's phases_ms:
 # ready, hold, switch, apply; the hook calls wait from the hold to the apply).
 #
-#   [RATE=5000] [DEPLOYS=20] [DURATION=20] scripts/deploy-bench.sh
+#   [RATE=5000] [DEPLOYS=20] [DURATION=20] [EVERY_MS=0] scripts/deploy-bench.sh
+#
+# EVERY_MS starts the deploys under load that often instead of back to back (a deploy that
+# takes longer starts the next at once): back to back, a faster deploy means more of them,
+# and the share of the time the calls are held grows with their number.
 #
 # A deploy holds the calls of the plugin's hooks on every node for its switch (a few round
 # trips to Redis and the database); the second run is what that costs the traffic.
@@ -24,6 +28,7 @@ cd "$(dirname "$0")/.."
 RATE=${RATE:-5000}
 DEPLOYS=${DEPLOYS:-20}
 DURATION=${DURATION:-20}
+EVERY_MS=${EVERY_MS:-0}
 ensure_wasm_target
 build_test_guests
 . scripts/cluster-lib.sh
@@ -89,15 +94,21 @@ load() {
 
 say "$RATE msgs/s for ${DURATION} s without deploys"
 load steady
-say "$RATE msgs/s for ${DURATION} s with deploys one after another"
+say "$RATE msgs/s for ${DURATION} s with deploys $([ "$EVERY_MS" -gt 0 ] && echo "every $EVERY_MS ms" || echo "one after another")"
 load deploying &
 loading=$!
 # From its start to its end, so the deploys cover its whole measured window.
 : >"$work/times-loaded"
 i=0
+next=${EPOCHREALTIME/[.,]/}
 while kill -0 "$loading" 2>/dev/null; do
     deploy "${ports[i % 3]}" "${versions[i % 2]}" "$work/times-loaded"
     i=$((i + 1))
+    if [ "$EVERY_MS" -gt 0 ]; then
+        next=$((next + EVERY_MS * 1000))
+        left=$((next - ${EPOCHREALTIME/[.,]/}))
+        if [ "$left" -gt 0 ]; then sleep "$((left / 1000000)).$(printf '%06d' $((left % 1000000)))"; fi
+    fi
 done
 wait "$loading" || die "the load generator failed during the deploys"
 
