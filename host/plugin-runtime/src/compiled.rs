@@ -25,8 +25,10 @@ pub(crate) struct CompiledFunctions {
 impl CompiledFunctions {
     /// A cache holding up to `mib` MiB of keys and code.
     pub(crate) fn new(mib: u64) -> Self {
-        let weigh = |key: &Box<[u8]>, code: &Arc<[u8]>| u32::try_from(key.len() + code.len()).unwrap_or(u32::MAX);
-        let functions = Cache::builder().max_capacity(mib.saturating_mul(1 << 20)).weigher(weigh).build();
+        let functions = Cache::<Box<[u8]>, Arc<[u8]>>::builder()
+            .max_capacity(mib.saturating_mul(1 << 20))
+            .weigher(|key, code| u32::try_from(key.len() + code.len()).unwrap_or(u32::MAX))
+            .build();
         Self { functions, hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
     }
 
